@@ -1,0 +1,76 @@
+# informerd — run `make help` for the targets.
+
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+GO        ?= go
+BIN       := $(CURDIR)/_output/bin
+CLUSTER   := $(CURDIR)/_output/cluster
+# E2E_RUN selects e2e tests by name, e.g. make test-e2e E2E_RUN=TestSmoke.
+E2E_RUN   ?= .
+TEST_FLAGS ?=
+
+.PHONY: help
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build informerd's binaries into _output/bin.
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+.PHONY: controlplane
+controlplane: ## Build the test control plane (cached outside the clone; ~15 min cold).
+	@test/controlplane/build.sh >/dev/null
+
+.PHONY: test
+test: controlplane ## Run every test (unit and e2e) with -race; builds the control plane if needed.
+	$(GO) test -race -count=1 -timeout=30m $(TEST_FLAGS) ./...
+
+.PHONY: test-unit
+test-unit: ## Run the unit tests only (no control plane).
+	$(GO) test -race -count=1 $(TEST_FLAGS) $$($(GO) list ./... | grep -v /test/e2e)
+
+.PHONY: test-e2e
+test-e2e: controlplane ## Run the e2e tests matching E2E_RUN against a fresh control plane.
+	$(GO) test -race -count=1 -timeout=30m -run '$(E2E_RUN)' -v $(TEST_FLAGS) ./test/e2e/...
+
+.PHONY: cluster-up
+cluster-up: controlplane ## Start a detached local control plane; prints its kubeconfig.
+	$(GO) run ./test/controlplane/cluster up -dir $(CLUSTER)
+
+.PHONY: cluster-down
+cluster-down: ## Stop the control plane cluster-up started.
+	$(GO) run ./test/controlplane/cluster down -dir $(CLUSTER)
+
+.PHONY: demo
+demo: ## Not available yet: arrives with the core daemon (issue 3).
+	@echo "make demo arrives with the core daemon (issue 3); today: make cluster-up, make test" >&2; exit 1
+
+$(BIN)/buf $(BIN)/golangci-lint: hack/tools/go.mod hack/tools/go.sum
+	cd hack/tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+
+.PHONY: tools
+tools: $(BIN)/buf $(BIN)/golangci-lint ## Build the pinned developer tools (buf, golangci-lint).
+
+.PHONY: generate
+generate: $(BIN)/buf ## Regenerate the Go code for proto/.
+	$(BIN)/buf generate
+
+.PHONY: check-generate
+check-generate: generate ## Fail if regeneration changes anything in git.
+	@git add -N proto && git diff --exit-code -- proto || { echo "generated code is stale: run make generate and commit" >&2; exit 1; }
+
+.PHONY: lint
+lint: $(BIN)/buf $(BIN)/golangci-lint ## buf lint, buf format and golangci-lint.
+	$(BIN)/buf lint
+	$(BIN)/buf format --diff --exit-code
+	$(BIN)/golangci-lint run ./...
+
+.PHONY: breaking
+breaking: $(BIN)/buf ## Check proto/ for breaking changes against main.
+	$(BIN)/buf breaking --against '.git#branch=main'
+
+.PHONY: clean
+clean: ## Remove _output (not the control-plane cache).
+	rm -rf _output

@@ -1,0 +1,26 @@
+// Package cache holds informerd's shared informers: one upstream list+watch
+// (a Source) per Key, reference counted by a Manager, each with an ordered,
+// bounded log of recent events and a store of current objects, both kept as
+// encoded bytes.
+//
+// A Subscription is a cursor into one Source's log plus a filter
+// (namespace, label selector). It reads a snapshot (every matching object,
+// then a Synced marker) followed by deltas, in the order the API server made
+// them. A subscriber that falls behind reads from the log at its own pace;
+// one that falls out of the log's window receives a compacted catch-up (the
+// latest state of each object changed since its position, plus the
+// deletions), or, past the tombstone horizon, a Reset and a fresh snapshot.
+// Memory per subscriber is O(1) in the number of objects: nothing is queued
+// per subscriber.
+//
+// Events are immutable and shared by every subscriber; Event.Frame memoizes
+// a per-view encoding so that each event is encoded once, whatever the
+// number of streams that carry it.
+//
+// Label selectors are always applied here, never upstream: a subscription
+// with a label selector reads the Source of its resource and namespace, so
+// that any number of selectors costs one upstream watch. Field selectors are
+// part of the Key (the API server evaluates them).
+//
+// This package imports no gRPC; package daemon translates.
+package cache

@@ -1,0 +1,421 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/expirable"
+	"github.com/prometheus/client_golang/prometheus"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+)
+
+// ScopeStrategy decides which upstream scope serves a namespaced request,
+// as cli-utils' RESTScopeStrategy does for one applier.
+type ScopeStrategy string
+
+// Scope strategies.
+const (
+	// ScopeAutomatic watches all namespaces when the daemon may list and
+	// watch the resource cluster-wide, else the requested namespace.
+	ScopeAutomatic ScopeStrategy = "automatic"
+	// ScopeCluster always watches all namespaces and filters.
+	ScopeCluster ScopeStrategy = "cluster"
+	// ScopeNamespace watches each requested namespace separately.
+	ScopeNamespace ScopeStrategy = "namespace"
+)
+
+// Options configure a Manager. Zero values take the documented defaults.
+type Options struct {
+	// Config reaches the API server. Required.
+	Config *rest.Config
+	// Scope is the scope strategy. Default ScopeAutomatic.
+	Scope ScopeStrategy
+	// LingerTTL is how long an unused Source keeps running, so that clients
+	// that reconnect or re-run cause no relist. Default 2m.
+	LingerTTL time.Duration
+	// MaxLingering bounds the number of unused Sources kept; the least
+	// recently used is stopped first. Default 128.
+	MaxLingering int
+	// Log bounds each Source's event log.
+	Log LogLimits
+	// KeepManagedFields keeps metadata.managedFields. Default false.
+	KeepManagedFields bool
+	// PageSize is the LIST page size. Default 500.
+	PageSize int64
+	// DisableWatchList lists with LIST instead of WatchList streaming.
+	DisableWatchList bool
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the metrics. Default: none are registered.
+	Registerer prometheus.Registerer
+}
+
+// Request is what a subscriber asks for. The daemon validates it first.
+type Request struct {
+	GVR       schema.GroupVersionResource
+	Namespace string
+	Filter    Filter // Filter.Namespace is set from Namespace
+	// FieldSelector, canonical, is evaluated by the API server.
+	FieldSelector string
+	// Resume is a resourceVersion to resume after; "" for a snapshot.
+	Resume string
+	// WaitForResource waits for an unknown resource to appear (for example
+	// a CRD being created) instead of failing with ErrUnknownResource.
+	WaitForResource bool
+	// Holder names the subscriber in introspection.
+	Holder string
+}
+
+// ErrUnknownResource: the API server does not serve the resource.
+var ErrUnknownResource = errors.New("unknown resource")
+
+// Manager owns the Sources: it starts one per Key on the first
+// subscription, keeps it while subscribed, lets it linger when unused, and
+// stops it on eviction. Its methods are safe for concurrent use.
+type Manager struct {
+	opts    Options
+	client  rest.Interface
+	kube    kubernetes.Interface
+	mapper  *restmapper.DeferredDiscoveryRESTMapper
+	log     *slog.Logger
+	metrics *metrics
+	ctx     context.Context // parent of every Source; ended by Close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // eviction and stopping goroutines
+	// closing is set before Close purges the LRU, so that the LRU's expiry
+	// goroutine starts no more work.
+	closing atomic.Bool
+
+	mu      sync.Mutex // guards sources, closed and scopeCache; before lru's lock
+	sources map[Key]*entry
+	closed  bool
+	// scopeCache remembers whether the daemon may watch a resource
+	// cluster-wide (ScopeAutomatic), for a minute.
+	scopeCache map[schema.GroupVersionResource]scopeDecision
+	lru        *expirable.LRU[Key, *entry]
+}
+
+// entry is one Source and who holds it.
+type entry struct {
+	src     *Source
+	refs    int
+	holders map[string]int
+}
+
+type scopeDecision struct {
+	cluster bool
+	at      time.Time
+}
+
+// NewManager returns a Manager; Close stops it.
+func NewManager(opts Options) (*Manager, error) {
+	if opts.Config == nil {
+		return nil, errors.New("cache: Options.Config is required")
+	}
+	if opts.Scope == "" {
+		opts.Scope = ScopeAutomatic
+	}
+	switch opts.Scope {
+	case ScopeAutomatic, ScopeCluster, ScopeNamespace:
+	default:
+		return nil, fmt.Errorf("cache: unknown scope strategy %q (want automatic, cluster or namespace)", opts.Scope)
+	}
+	if opts.LingerTTL <= 0 {
+		opts.LingerTTL = 2 * time.Minute
+	}
+	if opts.MaxLingering <= 0 {
+		opts.MaxLingering = 128
+	}
+	if opts.PageSize <= 0 {
+		opts.PageSize = 500
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	cfg := rest.CopyConfig(opts.Config)
+	cfg.GroupVersion = &schema.GroupVersion{}
+	cfg.APIPath = "/"
+	cfg.NegotiatedSerializer = scheme.Codecs.WithoutConversion() // decodes error Status only
+	cfg.AcceptContentTypes = "application/json"
+	client, err := rest.UnversionedRESTClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
+	}
+	kube, err := kubernetes.NewForConfig(opts.Config)
+	if err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(opts.Config)
+	if err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
+	}
+	m := &Manager{
+		opts: opts, client: client, kube: kube,
+		mapper:     restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)),
+		log:        opts.Logger,
+		metrics:    newMetrics(opts.Registerer),
+		sources:    map[Key]*entry{},
+		scopeCache: map[schema.GroupVersionResource]scopeDecision{},
+	}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.lru = expirable.NewLRU[Key, *entry](opts.MaxLingering, m.onEvict, opts.LingerTTL)
+	return m, nil
+}
+
+// Subscribe resolves req to a Key, acquires its Source (starting it if
+// needed), waits until the Source has synced, and positions a Subscription
+// after req.Resume. The caller must Close the Subscription.
+//
+// Errors: ErrUnknownResource (wrapped, naming the resource); ErrNotSynced
+// wrapping the upstream cause when the first list failed; ctx.Err().
+func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, error) {
+	key, err := m.resolve(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	src, release, err := m.acquire(key, req.Holder)
+	if err != nil {
+		return nil, err
+	}
+	req.Filter.Namespace = req.Namespace
+	sub := &Subscription{src: src, filter: req.Filter, release: release}
+	if err := sub.start(ctx, req.Resume); err != nil {
+		sub.Close()
+		return nil, err
+	}
+	m.metrics.subscribers.Inc()
+	sub.release = func() { m.metrics.subscribers.Dec(); release() }
+	return sub, nil
+}
+
+// resolve maps a request to the Key that serves it.
+func (m *Manager) resolve(ctx context.Context, req Request) (Key, error) {
+	namespaced, err := m.isNamespaced(ctx, req.GVR, req.WaitForResource)
+	if err != nil {
+		return Key{}, err
+	}
+	key := Key{GVR: req.GVR, FieldSelector: req.FieldSelector}
+	if !namespaced || req.Namespace == "" {
+		return key, nil
+	}
+	switch m.opts.Scope {
+	case ScopeNamespace:
+		key.Namespace = req.Namespace
+	case ScopeAutomatic:
+		if !m.mayWatchCluster(ctx, req.GVR) {
+			key.Namespace = req.Namespace
+		}
+	}
+	return key, nil
+}
+
+// discoveryRetry is how often a request waiting for its resource rereads
+// discovery.
+const discoveryRetry = time.Second
+
+func (m *Manager) isNamespaced(ctx context.Context, gvr schema.GroupVersionResource, wait bool) (bool, error) {
+	for reset := false; ; reset = true {
+		if reset {
+			m.mapper.Reset()
+		}
+		gvk, err := m.mapper.KindFor(gvr)
+		if err == nil {
+			mapping, err := m.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			if err != nil {
+				return false, fmt.Errorf("%w: %s: %w", ErrUnknownResource, gvrString(gvr), err)
+			}
+			return mapping.Scope.Name() == meta.RESTScopeNameNamespace, nil
+		}
+		if !meta.IsNoMatchError(err) && !errors.Is(err, &meta.NoResourceMatchError{}) {
+			return false, fmt.Errorf("discovering %s: %w", gvrString(gvr), err)
+		}
+		if !reset {
+			continue
+		}
+		if !wait {
+			return false, fmt.Errorf("%w: the API server does not serve %s", ErrUnknownResource, gvrString(gvr))
+		}
+		t := time.NewTimer(discoveryRetry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func gvrString(gvr schema.GroupVersionResource) string {
+	if gvr.Group == "" {
+		return gvr.Resource + " (" + gvr.Version + ")"
+	}
+	return gvr.Resource + "." + gvr.Group + " (" + gvr.Version + ")"
+}
+
+// scopeTTL is how long a ScopeAutomatic decision is remembered.
+const scopeTTL = time.Minute
+
+// mayWatchCluster asks the API server whether the daemon itself may list
+// and watch gvr in all namespaces.
+func (m *Manager) mayWatchCluster(ctx context.Context, gvr schema.GroupVersionResource) bool {
+	m.mu.Lock()
+	d, ok := m.scopeCache[gvr]
+	m.mu.Unlock()
+	if ok && time.Since(d.at) < scopeTTL {
+		return d.cluster
+	}
+	allowed := true
+	for _, verb := range []string{"list", "watch"} {
+		r, err := m.kube.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Verb: verb, Group: gvr.Group, Version: gvr.Version, Resource: gvr.Resource,
+			}},
+		}, metav1.CreateOptions{})
+		if err != nil || !r.Status.Allowed {
+			allowed = false
+			break
+		}
+	}
+	m.mu.Lock()
+	m.scopeCache[gvr] = scopeDecision{cluster: allowed, at: time.Now()}
+	m.mu.Unlock()
+	return allowed
+}
+
+// acquire returns the running Source for key, starting one if none runs,
+// and a func that releases the hold.
+func (m *Manager) acquire(key Key, holder string) (*Source, func(), error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, nil, ErrStopped
+	}
+	e := m.sources[key]
+	if e == nil {
+		up := &restUpstream{
+			client: m.client, path: collectionPath(key), fieldSel: key.FieldSelector,
+			pageSize: m.opts.PageSize, stripMF: !m.opts.KeepManagedFields, watchList: !m.opts.DisableWatchList,
+		}
+		e = &entry{src: newSource(key, up, m.opts.Log, m.log, m.metrics), holders: map[string]int{}}
+		e.src.start(m.ctx)
+		m.sources[key] = e
+		m.metrics.sources.Inc()
+	} else if e.refs == 0 {
+		m.lru.Remove(key) // onEvict sees refs > 0 and leaves it running
+	}
+	e.refs++
+	e.holders[holder]++
+	var once sync.Once
+	return e.src, func() { once.Do(func() { m.release(key, e, holder) }) }, nil
+}
+
+func (m *Manager) release(key Key, e *entry, holder string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e.refs--
+	if e.holders[holder]--; e.holders[holder] == 0 {
+		delete(e.holders, holder)
+	}
+	if e.refs > 0 || m.closed {
+		return
+	}
+	e.src.mu.Lock()
+	terminal := e.src.terminal != nil
+	e.src.mu.Unlock()
+	if terminal {
+		m.removeLocked(key, e)
+		return
+	}
+	m.lru.Add(key, e)
+}
+
+// onEvict runs under the LRU's lock, which must not wait for m.mu: it hands
+// the entry to a goroutine that stops it if it is still unused.
+func (m *Manager) onEvict(key Key, e *entry) {
+	if m.closing.Load() {
+		return // Close stops every Source itself
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if e.refs > 0 || m.sources[key] != e || m.lru.Contains(key) {
+			return // re-acquired, or lingering again
+		}
+		m.removeLocked(key, e)
+	}()
+}
+
+// removeLocked stops a Source and forgets it.
+func (m *Manager) removeLocked(key Key, e *entry) {
+	delete(m.sources, key)
+	m.metrics.sources.Dec()
+	e.src.cancel() // run ends promptly; Close waits for it
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		<-e.src.done
+	}()
+}
+
+// SourceInfo describes one Source for introspection.
+type SourceInfo struct {
+	Status
+	RefCount int
+	Holders  []string
+}
+
+// Sources lists the Sources, sorted by Key.
+func (m *Manager) Sources() []SourceInfo {
+	m.mu.Lock()
+	infos := make([]SourceInfo, 0, len(m.sources))
+	srcs := make([]*Source, 0, len(m.sources))
+	for _, e := range m.sources {
+		info := SourceInfo{RefCount: e.refs}
+		for h := range e.holders {
+			info.Holders = append(info.Holders, h)
+		}
+		slices.Sort(info.Holders)
+		infos = append(infos, info)
+		srcs = append(srcs, e.src)
+	}
+	m.mu.Unlock()
+	for i, s := range srcs {
+		infos[i].Status = s.status()
+	}
+	sort.Slice(infos, func(i, j int) bool { return infos[i].Key.String() < infos[j].Key.String() })
+	return infos
+}
+
+// Close stops every Source; their subscribers get ErrStopped. It waits for
+// every goroutine the Manager started, except the LRU's own expiry
+// goroutine, which golang-lru/v2 never stops.
+func (m *Manager) Close() {
+	m.closing.Store(true)
+	m.mu.Lock()
+	m.closed = true
+	for key, e := range m.sources {
+		m.removeLocked(key, e)
+	}
+	m.mu.Unlock()
+	m.cancel()
+	m.lru.Purge()
+	m.wg.Wait()
+}

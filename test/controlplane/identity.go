@@ -1,0 +1,153 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+)
+
+// ServiceAccountToken creates ServiceAccount namespace/name if it does not
+// exist and mints a real token for it through the TokenRequest API. With no
+// audiences the token is for the API server itself (see TokenConfig); with
+// audiences it is for those services (for example informerd's).
+func ServiceAccountToken(ctx context.Context, admin kubernetes.Interface, namespace, name string, audiences ...string) (string, error) {
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+	if _, err := admin.CoreV1().ServiceAccounts(namespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", fmt.Errorf("creating ServiceAccount %s/%s: %w", namespace, name, err)
+	}
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: audiences}}
+	tr, err := admin.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, tr, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", namespace, name, err)
+	}
+	return tr.Status.Token, nil
+}
+
+// Grant gives ServiceAccount saNamespace/saName the rules: in namespace
+// through a Role and RoleBinding, or cluster-wide through a ClusterRole and
+// ClusterRoleBinding when namespace is "". Objects are named after the
+// ServiceAccount; an existing grant is replaced.
+func Grant(ctx context.Context, admin kubernetes.Interface, saNamespace, saName, namespace string, rules ...rbacv1.PolicyRule) error {
+	name := "informerd-test-" + saNamespace + "-" + saName
+	subjects := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: saNamespace, Name: saName}}
+	rbac := admin.RbacV1()
+	if namespace == "" {
+		_ = rbac.ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{})
+		_ = rbac.ClusterRoles().Delete(ctx, name, metav1.DeleteOptions{})
+		if _, err := rbac.ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating ClusterRole %s: %w", name, err)
+		}
+		_, err := rbac.ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+			Subjects:   subjects,
+		}, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("creating ClusterRoleBinding %s: %w", name, err)
+		}
+		return nil
+	}
+	_ = rbac.RoleBindings(namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	_ = rbac.Roles(namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if _, err := rbac.Roles(namespace).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("creating Role %s/%s: %w", namespace, name, err)
+	}
+	_, err := rbac.RoleBindings(namespace).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+		Subjects:   subjects,
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("creating RoleBinding %s/%s: %w", namespace, name, err)
+	}
+	return nil
+}
+
+// WaitForDefaultServiceAccount waits until kube-controller-manager has
+// created the "default" ServiceAccount in namespace (about 10 s after the
+// control plane starts); pods cannot be created before it exists.
+func WaitForDefaultServiceAccount(ctx context.Context, admin kubernetes.Interface, namespace string) error {
+	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, startTimeout, true, func(ctx context.Context) (bool, error) {
+		_, err := admin.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+}
+
+// kwokAnnotation is the annotation kwok is told to select managed nodes by.
+const kwokAnnotation = "kwok.x-k8s.io/node"
+
+// startFakeNode starts kube-scheduler and kwok and registers FakeNodeName.
+func (cp *ControlPlane) startFakeNode(ctx context.Context, ports []int) error {
+	if err := cp.startProcess("kube-scheduler",
+		"--kubeconfig="+cp.KubeconfigPath,
+		"--authentication-kubeconfig="+cp.KubeconfigPath,
+		"--authorization-kubeconfig="+cp.KubeconfigPath,
+		"--bind-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", ports[portScheduler]),
+		"--leader-elect=false",
+		"--v=1",
+	); err != nil {
+		return err
+	}
+	if err := cp.startProcess("kwok",
+		"--kubeconfig="+cp.KubeconfigPath,
+		"--config="+filepath.Join(cp.opts.BinDir, "..", "stage", "kwok-stages.yaml"),
+		"--manage-all-nodes=false",
+		"--manage-nodes-with-annotation-selector="+kwokAnnotation+"=fake",
+		"--cidr=10.244.0.0/16",
+		"--node-ip=127.0.0.1",
+		fmt.Sprintf("--server-address=127.0.0.1:%d", ports[portKwok]),
+	); err != nil {
+		return err
+	}
+	admin, err := kubernetes.NewForConfig(cp.RESTConfig())
+	if err != nil {
+		return err
+	}
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("64"),
+		corev1.ResourceMemory: resource.MustParse("256Gi"),
+		corev1.ResourcePods:   resource.MustParse("1000"),
+	}
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        FakeNodeName,
+			Annotations: map[string]string{kwokAnnotation: "fake"},
+			Labels:      map[string]string{"type": "kwok", corev1.LabelHostname: FakeNodeName},
+		},
+		Status: corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
+	}
+	if _, err := admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("registering fake node: %w", err)
+	}
+	// kwok marks the node Ready; the scheduler places pods only then.
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, startTimeout, true, func(ctx context.Context) (bool, error) {
+		n, err := admin.CoreV1().Nodes().Get(ctx, FakeNodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("fake node %s not Ready: %w; kwok log:\n%s", FakeNodeName, err, tail(filepath.Join(cp.Dir, "logs", "kwok.log"), 4096))
+	}
+	return nil
+}
