@@ -81,7 +81,7 @@ func (u *restUpstream) list(ctx context.Context) ([]*Object, string, error) {
 			return nil, "", err
 		}
 		var page struct {
-			Metadata metav1.ListMeta  `json:"metadata"`
+			Metadata metav1.ListMeta   `json:"metadata"`
 			Items    []json.RawMessage `json:"items"`
 		}
 		if err := json.Unmarshal(body, &page); err != nil {
@@ -273,27 +273,11 @@ func withoutManagedFields(raw []byte) ([]byte, error) {
 	return json.Marshal(top)
 }
 
-// metadataJSON returns the object with only apiVersion, kind and metadata.
-func metadataJSON(o *Object) ([]byte, error) {
-	var top struct {
-		Metadata json.RawMessage `json:"metadata"`
-	}
-	if err := json.Unmarshal(o.JSON, &top); err != nil {
-		return nil, err
-	}
-	return json.Marshal(struct {
-		APIVersion string          `json:"apiVersion"`
-		Kind       string          `json:"kind"`
-		Metadata   json.RawMessage `json:"metadata"`
-	}{o.APIVersion, o.Kind, top.Metadata})
-}
-
 // isHTTPStatus reports whether err is an API error with the given code.
 func isHTTPStatus(err error, code int) bool {
 	var st apierrors.APIStatus
 	return errors.As(err, &st) && st.Status().Code == int32(code)
 }
-
 
 // watchTimeoutSeconds spreads watch lifetimes over 5-10 minutes, as the
 // reflector does, so that many Sources do not re-watch in step.

@@ -1,0 +1,191 @@
+package cache
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+func obj(name, rv string, lbls map[string]string) *Object {
+	return &Object{Namespace: "ns", Name: name, ResourceVersion: rv, Labels: lbls,
+		JSON: []byte(fmt.Sprintf(`{"metadata":{"name":%q,"namespace":"ns","resourceVersion":%q}}`, name, rv))}
+}
+
+// describe renders events as "TYPE name@rv" for comparison.
+func describe(evs []*Event) []string {
+	out := make([]string, 0, len(evs))
+	for _, e := range evs {
+		if e.Object == nil {
+			out = append(out, e.Type.String()+" @"+e.ResourceVersion)
+			continue
+		}
+		out = append(out, e.Type.String()+" "+e.Object.Name+"@"+e.Object.ResourceVersion)
+	}
+	return out
+}
+
+// fakeClock steps time for the log's age limit.
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time { return c.t }
+
+func newTestLog(limits LogLimits) (*eventLog, *fakeClock) {
+	c := &fakeClock{t: time.Unix(1000, 0)}
+	if limits.MinAge == 0 {
+		limits.MinAge = -1 // no age floor unless a test asks for one
+	}
+	return newEventLog(limits, c.now), c
+}
+
+// put appends a watch event at rv n.
+func put(l *eventLog, t EventType, name string, n uint64, lbls map[string]string) *Event {
+	rv := strconv.FormatUint(n, 10)
+	return l.append(t, obj(name, rv, lbls), n, rv)
+}
+
+func TestEventLogAppendTypes(t *testing.T) {
+	l, _ := newTestLog(LogLimits{})
+	l.reset([]*Object{obj("a", "10", nil)}, 10, "10")
+	if got := put(l, Added, "a", 11, nil); got.Type != Modified {
+		t.Errorf("re-adding a stored object: got %s, want MODIFIED", got.Type)
+	}
+	if got := put(l, Modified, "b", 12, nil); got.Type != Added {
+		t.Errorf("modifying an unknown object: got %s, want ADDED", got.Type)
+	}
+	if got := put(l, Deleted, "zz", 13, nil); got != nil {
+		t.Errorf("deleting an unknown object published %s, want nothing", got.Type)
+	}
+	evs, last, ok := l.since(l.baseSeq, 100)
+	if !ok || last != l.lastSeq {
+		t.Fatalf("since(base) = ok %v last %d, want ok and %d", ok, last, l.lastSeq)
+	}
+	want := []string{"MODIFIED a@11", "ADDED b@12"}
+	if got := describe(evs); !slices.Equal(got, want) {
+		t.Errorf("log = %v, want %v", got, want)
+	}
+}
+
+func TestEventLogTrimAndResume(t *testing.T) {
+	tests := []struct {
+		name     string
+		limits   LogLimits
+		resumeRV uint64
+		wantSeq  bool     // the log still holds the resume point
+		wantCU   []string // else: the compacted catch-up (nil: past the horizon)
+	}{
+		{name: "inside window", limits: LogLimits{MaxEvents: 100}, resumeRV: 12, wantSeq: true},
+		{name: "at the end", limits: LogLimits{MaxEvents: 100}, resumeRV: 15, wantSeq: true},
+		{
+			name: "out of window, catch-up", limits: LogLimits{MaxEvents: 2}, resumeRV: 11,
+			// b modified at 12, c created 13 then deleted 14 (never seen: skipped),
+			// a deleted 15.
+			wantCU: []string{"MODIFIED b@12", "DELETED a@15"},
+		},
+		{name: "past the horizon", limits: LogLimits{MaxEvents: 2, MaxTombstones: 1}, resumeRV: 11},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l, _ := newTestLog(tt.limits)
+			l.reset([]*Object{obj("a", "10", nil), obj("b", "10", nil)}, 10, "10")
+			put(l, Added, "x", 11, nil)
+			put(l, Modified, "b", 12, nil)
+			put(l, Added, "c", 13, nil)
+			put(l, Deleted, "c", 14, nil)
+			put(l, Deleted, "a", 15, nil)
+			_, ok := l.seqForRV(tt.resumeRV)
+			if ok != tt.wantSeq {
+				t.Fatalf("seqForRV(%d) ok = %v, want %v (base rv %d)", tt.resumeRV, ok, tt.wantSeq, l.baseRV)
+			}
+			if tt.wantSeq {
+				return
+			}
+			evs, ok := l.catchUp(tt.resumeRV, true)
+			if ok != (tt.wantCU != nil) {
+				t.Fatalf("catchUp ok = %v, want %v", ok, tt.wantCU != nil)
+			}
+			if got := describe(evs); ok && !slices.Equal(got, tt.wantCU) {
+				t.Errorf("catch-up = %v, want %v", got, tt.wantCU)
+			}
+		})
+	}
+}
+
+func TestEventLogMinAgeKeepsRecentEvents(t *testing.T) {
+	l, clock := newTestLog(LogLimits{MaxEvents: 1, MinAge: time.Minute})
+	l.reset(nil, 1, "1")
+	put(l, Added, "a", 2, nil)
+	put(l, Added, "b", 3, nil)
+	if _, ok := l.seqForRV(1); !ok {
+		t.Fatal("an event younger than MinAge was trimmed past MaxEvents")
+	}
+	clock.t = clock.t.Add(2 * time.Minute)
+	put(l, Added, "c", 4, nil)
+	if _, ok := l.seqForRV(1); ok {
+		t.Fatal("events older than MinAge were kept past MaxEvents")
+	}
+	if n := len(l.entries) - l.start; n != 1 {
+		t.Fatalf("log holds %d events, want 1", n)
+	}
+}
+
+func TestEventLogMaxBytesIsHard(t *testing.T) {
+	l, _ := newTestLog(LogLimits{MaxBytes: 200, MinAge: time.Hour})
+	l.reset(nil, 1, "1")
+	for i := range 100 {
+		put(l, Added, fmt.Sprintf("o%d", i), uint64(i+2), nil)
+		if l.bytes > 200 {
+			t.Fatalf("after %d events the log holds %d bytes, want at most 200", i+1, l.bytes)
+		}
+	}
+}
+
+func TestFilterSelectorTransitions(t *testing.T) {
+	sel := labels.SelectorFromSet(labels.Set{"app": "web"})
+	f := Filter{Namespace: "ns", Labels: sel}
+	l, _ := newTestLog(LogLimits{})
+	l.reset([]*Object{obj("a", "1", map[string]string{"app": "web"})}, 1, "1")
+	steps := []struct {
+		ev   *Event
+		want string
+	}{
+		{put(l, Modified, "a", 2, map[string]string{"app": "db"}), "DELETED a@2"},
+		{put(l, Modified, "a", 3, map[string]string{"app": "db", "x": "y"}), ""},
+		{put(l, Modified, "a", 4, map[string]string{"app": "web"}), "ADDED a@4"},
+		{put(l, Modified, "a", 5, map[string]string{"app": "web"}), "MODIFIED a@5"},
+		{put(l, Added, "other", 6, nil), ""},
+	}
+	for i, s := range steps {
+		got := ""
+		if e := f.apply(s.ev); e != nil {
+			got = describe([]*Event{e})[0]
+		}
+		if got != s.want {
+			t.Errorf("step %d: got %q, want %q", i, got, s.want)
+		}
+	}
+	// The variants are memoized so that their frames are shared.
+	if f.apply(steps[0].ev) != f.apply(steps[0].ev) {
+		t.Error("the DELETED variant of an event is not memoized")
+	}
+	other := Filter{Namespace: "elsewhere"}
+	if e := other.applyCatchUp(steps[0].ev); e != nil {
+		t.Errorf("catch-up leaked an object of another namespace: %v", describe([]*Event{e}))
+	}
+}
+
+func TestFrameEncodesOnce(t *testing.T) {
+	e := &Event{Type: Added, Object: obj("a", "1", nil)}
+	calls := 0
+	enc := func(*Event) []byte { calls++; return []byte("x") }
+	for range 3 {
+		e.Frame(int(ViewFull), enc)
+	}
+	e.Frame(int(ViewMetadata), enc)
+	if calls != 2 {
+		t.Fatalf("encode ran %d times for 2 views, want 2", calls)
+	}
+}

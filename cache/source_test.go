@@ -1,0 +1,236 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// golang-lru/v2's expirable LRU never stops its expiry goroutine.
+		goleak.IgnoreAnyFunction("github.com/hashicorp/golang-lru/v2/expirable.NewLRU[...].func1"))
+}
+
+// fakeUpstream serves lists from a queue and watches from a channel of
+// steps, so that a test decides every upstream answer.
+type fakeUpstream struct {
+	lists   chan fakeList
+	watches chan chan fakeStep // each watch takes the next channel of steps
+}
+
+type fakeList struct {
+	objs []*Object
+	rv   string
+	err  error
+}
+
+type fakeStep struct {
+	t   EventType
+	obj *Object
+	rv  string
+	err error // ends the watch
+}
+
+func newFakeUpstream() *fakeUpstream {
+	return &fakeUpstream{lists: make(chan fakeList, 4), watches: make(chan chan fakeStep, 4)}
+}
+
+func (f *fakeUpstream) list(ctx context.Context) ([]*Object, string, error) {
+	select {
+	case l := <-f.lists:
+		return l.objs, l.rv, l.err
+	case <-ctx.Done():
+		return nil, "", ctx.Err()
+	}
+}
+
+func (f *fakeUpstream) watch(ctx context.Context, _ string) (watchStream, error) {
+	select {
+	case steps := <-f.watches:
+		return &fakeStream{ctx: ctx, steps: steps}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+type fakeStream struct {
+	ctx   context.Context
+	steps chan fakeStep
+}
+
+func (s *fakeStream) next() (EventType, *Object, string, error) {
+	select {
+	case st, ok := <-s.steps:
+		if !ok {
+			return 0, nil, "", io.EOF
+		}
+		return st.t, st.obj, st.rv, st.err
+	case <-s.ctx.Done():
+		return 0, nil, "", s.ctx.Err()
+	}
+}
+
+func (s *fakeStream) close() {}
+
+func startTestSource(t *testing.T, up upstream, limits LogLimits) *Source {
+	t.Helper()
+	if limits.MinAge == 0 {
+		limits.MinAge = -1
+	}
+	s := newSource(Key{}, up, limits, slog.New(slog.DiscardHandler), newMetrics(nil))
+	s.start(context.Background())
+	t.Cleanup(s.stop)
+	return s
+}
+
+func subscribe(t *testing.T, ctx context.Context, s *Source, f Filter, resume string) *Subscription {
+	t.Helper()
+	sub := &Subscription{src: s, filter: f, release: func() {}}
+	if err := sub.start(ctx, resume); err != nil {
+		t.Fatalf("subscribing: %v", err)
+	}
+	t.Cleanup(sub.Close)
+	return sub
+}
+
+// read reads until n events arrived.
+func read(t *testing.T, ctx context.Context, sub *Subscription, n int) []string {
+	t.Helper()
+	var got []*Event
+	for len(got) < n {
+		evs, err := sub.Next(ctx, 100)
+		if err != nil {
+			t.Fatalf("after %v: %v", describe(got), err)
+		}
+		got = append(got, evs...)
+	}
+	return describe(got)
+}
+
+func TestSourceRelistPublishesOnlyTheDifference(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	up := newFakeUpstream()
+	up.lists <- fakeList{objs: []*Object{obj("a", "1", nil), obj("b", "2", nil), obj("c", "3", nil)}, rv: "3"}
+	w1 := make(chan fakeStep, 4)
+	up.watches <- w1
+	s := startTestSource(t, up, LogLimits{})
+	sub := subscribe(t, ctx, s, Filter{}, "")
+
+	got := read(t, ctx, sub, 4)
+	slices.Sort(got[:3])
+	if want := []string{"ADDED a@1", "ADDED b@2", "ADDED c@3", "SYNCED @3"}; !slices.Equal(got, want) {
+		t.Fatalf("snapshot = %v, want %v", got, want)
+	}
+
+	// The watch expires; the relist shows b changed, c gone, d new, a same.
+	w1 <- fakeStep{err: &apierrors.StatusError{ErrStatus: metav1.Status{Code: http.StatusGone, Reason: metav1.StatusReasonExpired}}}
+	up.lists <- fakeList{objs: []*Object{obj("a", "1", nil), obj("b", "7", nil), obj("d", "8", nil)}, rv: "9"}
+	up.watches <- make(chan fakeStep)
+	got = read(t, ctx, sub, 4)
+	slices.Sort(got[:2])
+	want := []string{"MODIFIED b@7", "ADDED d@8", "DELETED c@3", "BOOKMARK @9"}
+	slices.Sort(want[:2])
+	if !slices.Equal(got, want) {
+		t.Fatalf("after relist = %v, want %v", got, want)
+	}
+}
+
+func TestSubscriptionFallsOutOfTheLogAndCatchesUp(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	up := newFakeUpstream()
+	up.lists <- fakeList{objs: []*Object{obj("a", "1", nil), obj("b", "1", nil)}, rv: "1"}
+	steps := make(chan fakeStep, 100)
+	up.watches <- steps
+	s := startTestSource(t, up, LogLimits{MaxEvents: 3})
+	fast := subscribe(t, ctx, s, Filter{}, "")
+	slow := subscribe(t, ctx, s, Filter{}, "")
+	read(t, ctx, fast, 3)
+	read(t, ctx, slow, 3)
+
+	// 20 updates of a, then b deleted; the fast reader reads each one as
+	// it comes, the slow one falls out of the 3-event log.
+	for i := 2; i <= 21; i++ {
+		rv := itoa(i)
+		steps <- fakeStep{t: Modified, obj: obj("a", rv, nil), rv: rv}
+		if got := read(t, ctx, fast, 1); got[0] != "MODIFIED a@"+rv {
+			t.Fatalf("fast reader got %s, want MODIFIED a@%s", got[0], rv)
+		}
+	}
+	steps <- fakeStep{t: Deleted, obj: obj("b", "22", nil), rv: "22"}
+	if got := read(t, ctx, fast, 1); got[0] != "DELETED b@22" {
+		t.Fatalf("fast reader's last event = %s, want DELETED b@22", got[0])
+	}
+	got := read(t, ctx, slow, 3)
+	want := []string{"MODIFIED a@21", "DELETED b@22", "BOOKMARK @22"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("slow reader's catch-up = %v, want %v", got, want)
+	}
+}
+
+func TestSubscriptionResume(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	up := newFakeUpstream()
+	up.lists <- fakeList{objs: []*Object{obj("a", "1", nil)}, rv: "1"}
+	steps := make(chan fakeStep, 100)
+	up.watches <- steps
+	s := startTestSource(t, up, LogLimits{MaxEvents: 2, MaxTombstones: 1})
+	for i := 2; i <= 5; i++ {
+		steps <- fakeStep{t: Added, obj: obj("o"+itoa(i), itoa(i), nil), rv: itoa(i)}
+	}
+	first := subscribe(t, ctx, s, Filter{}, "")
+	read(t, ctx, first, 6)
+
+	tests := []struct {
+		resume string
+		want   []string
+	}{
+		{"5", nil},                    // at the head: nothing to send
+		{"4", []string{"ADDED o5@5"}}, // inside the log
+		{"2", []string{"ADDED o3@3", "ADDED o4@4", "ADDED o5@5", "BOOKMARK @5"}}, // compacted
+	}
+	for _, tt := range tests {
+		sub := subscribe(t, ctx, s, Filter{}, tt.resume)
+		if tt.want == nil {
+			continue
+		}
+		if got := read(t, ctx, sub, len(tt.want)); !slices.Equal(got, tt.want) {
+			t.Errorf("resume from %s = %v, want %v", tt.resume, got, tt.want)
+		}
+	}
+	// A deletion pushes the horizon past 2: resuming from 1 needs a Reset.
+	steps <- fakeStep{t: Deleted, obj: obj("o2", "6", nil), rv: "6"}
+	steps <- fakeStep{t: Deleted, obj: obj("o3", "7", nil), rv: "7"}
+	read(t, ctx, first, 2)
+	sub := subscribe(t, ctx, s, Filter{}, "1")
+	got := read(t, ctx, sub, 1)
+	if got[0] != "RESET @" {
+		t.Fatalf("resume past the horizon starts with %s, want RESET", got[0])
+	}
+}
+
+func TestSubscribeFailsWhileTheFirstListFails(t *testing.T) {
+	up := newFakeUpstream()
+	up.lists <- fakeList{err: apierrors.NewServiceUnavailable("etcd is down")}
+	s := startTestSource(t, up, LogLimits{})
+	sub := &Subscription{src: s, release: func() {}}
+	err := sub.start(context.Background(), "")
+	if !errors.Is(err, ErrNotSynced) || !apierrors.IsServiceUnavailable(err) {
+		t.Fatalf("start = %v, want ErrNotSynced wrapping the cause", err)
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }

@@ -1,0 +1,26 @@
+package daemon
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the gRPC side's Prometheus metrics.
+type metrics struct {
+	streams       prometheus.Gauge
+	eventsOut     prometheus.Counter
+	bytesOut      prometheus.Counter
+	requestErrors *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		streams:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "informerd_streams", Help: "Watch streams open."}),
+		eventsOut: prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_events_out_total", Help: "Events written to watch streams."}),
+		bytesOut:  prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_bytes_out_total", Help: "Encoded event bytes written to watch streams."}),
+		requestErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "informerd_stream_errors_total", Help: "Watch streams ended with an error, by gRPC code.",
+		}, []string{"code"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.streams, m.eventsOut, m.bytesOut, m.requestErrors)
+	}
+	return m
+}

@@ -1,0 +1,194 @@
+// Package daemon serves informerd's gRPC API: it validates requests,
+// subscribes them to the cache, and writes each subscription's events to
+// its stream as pre-encoded frames. It is the only package that knows both
+// gRPC and the cache.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/informerd/informerd/cache"
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+)
+
+// Options configure a Server. Zero values take the documented defaults.
+type Options struct {
+	// Cache serves the subscriptions. Required.
+	Cache *cache.Manager
+	// MaxBatchEvents bounds the events in one WatchResponse. Default 256.
+	MaxBatchEvents int
+	// MaxBatchBytes bounds the encoded size of one WatchResponse, except
+	// that a single larger event is sent alone. Default 1 MiB.
+	MaxBatchBytes int
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the metrics. Default: none are registered.
+	Registerer prometheus.Registerer
+}
+
+// Server implements informerdv1.InformerServiceServer.
+type Server struct {
+	informerdv1.UnimplementedInformerServiceServer
+
+	opts    Options
+	log     *slog.Logger
+	metrics *metrics
+	// shutdown ends every stream when cancelled.
+	shutdown       context.Context
+	cancelShutdown context.CancelFunc
+}
+
+var _ informerdv1.InformerServiceServer = (*Server)(nil)
+
+// New returns a Server. Register it on a grpc.Server created with
+// ServerOptions.
+func New(opts Options) (*Server, error) {
+	if opts.Cache == nil {
+		return nil, errors.New("daemon: Options.Cache is required")
+	}
+	if opts.MaxBatchEvents <= 0 {
+		opts.MaxBatchEvents = 256
+	}
+	if opts.MaxBatchBytes <= 0 {
+		opts.MaxBatchBytes = 1 << 20
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Server{opts: opts, log: opts.Logger, metrics: newMetrics(opts.Registerer)}
+	s.shutdown, s.cancelShutdown = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// ServerOptions returns the grpc.ServerOptions the Server needs: its codec,
+// which writes pre-encoded frames without copying them.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.ForceServerCodecV2(newCodec())}
+}
+
+// Shutdown ends every stream with UNAVAILABLE, so that clients reconnect to
+// the daemon's replacement. Call it after the listeners stop accepting and
+// before grpc.Server.GracefulStop, which then returns promptly.
+func (s *Server) Shutdown() { s.cancelShutdown() }
+
+// Watch implements the Watch RPC: validate, subscribe, then send batches
+// until the client leaves, the Source ends, or the daemon shuts down.
+func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.InformerService_WatchServer) error {
+	creq, view, err := validateWatch(req)
+	if err != nil {
+		s.metrics.requestErrors.WithLabelValues(codes.InvalidArgument.String()).Inc()
+		return err
+	}
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	defer context.AfterFunc(s.shutdown, cancel)()
+
+	sub, err := s.opts.Cache.Subscribe(ctx, creq)
+	if err != nil {
+		return s.endStream(ctx, err)
+	}
+	defer sub.Close()
+	s.metrics.streams.Inc()
+	defer s.metrics.streams.Dec()
+	log := s.log.With("client", creq.Holder, "informer", sub.Key().String())
+	log.Debug("stream started", "resume", creq.Resume)
+
+	var pending []*cache.Event // fetched but not yet sent: the tail of a batch cut by size
+	for {
+		if len(pending) == 0 {
+			if pending, err = sub.Next(ctx, s.opts.MaxBatchEvents); err != nil {
+				log.Debug("stream ended", "err", err)
+				return s.endStream(ctx, err)
+			}
+		}
+		// A new slice per batch: gRPC may keep a sent message.
+		batch, size := make(frames, 0, len(pending)), 0
+		for len(pending) > 0 {
+			f := pending[0].Frame(int(view), func(e *cache.Event) []byte { return encodeEvent(e, view) })
+			if len(batch) > 0 && size+len(f) > s.opts.MaxBatchBytes {
+				break
+			}
+			batch, size, pending = append(batch, f), size+len(f), pending[1:]
+		}
+		if err := stream.SendMsg(batch); err != nil {
+			return s.endStream(ctx, err)
+		}
+		s.metrics.eventsOut.Add(float64(len(batch)))
+		s.metrics.bytesOut.Add(float64(size))
+	}
+}
+
+// endStream maps the error that ended a stream, telling a shutdown apart
+// from the client leaving.
+func (s *Server) endStream(ctx context.Context, err error) error {
+	if ctx.Err() != nil && s.shutdown.Err() != nil {
+		err = errShuttingDown
+	}
+	st := toStatus(err)
+	s.metrics.requestErrors.WithLabelValues(status.Code(st).String()).Inc()
+	return st
+}
+
+// encodeEvent encodes e in view as a WatchResponse `events` field.
+func encodeEvent(e *cache.Event, view cache.View) []byte {
+	ev := &informerdv1.Event{Type: eventType(e.Type), ResourceVersion: e.ResourceVersion}
+	if e.Object != nil {
+		obj, err := view.Project(e.Object)
+		if err != nil {
+			// The API server sent this JSON; a projection cannot fail on
+			// it. Send the full object rather than nothing.
+			obj = e.Object.JSON
+		}
+		ev.Object = obj
+	}
+	return encodeFrame(ev)
+}
+
+func eventType(t cache.EventType) informerdv1.EventType {
+	switch t {
+	case cache.Added:
+		return informerdv1.EventType_EVENT_TYPE_ADDED
+	case cache.Modified:
+		return informerdv1.EventType_EVENT_TYPE_MODIFIED
+	case cache.Deleted:
+		return informerdv1.EventType_EVENT_TYPE_DELETED
+	case cache.Bookmark:
+		return informerdv1.EventType_EVENT_TYPE_BOOKMARK
+	case cache.Synced:
+		return informerdv1.EventType_EVENT_TYPE_SYNCED
+	case cache.Reset:
+		return informerdv1.EventType_EVENT_TYPE_RESET
+	}
+	return informerdv1.EventType_EVENT_TYPE_UNSPECIFIED
+}
+
+// ListInformers implements the introspection RPC.
+func (s *Server) ListInformers(context.Context, *informerdv1.ListInformersRequest) (*informerdv1.ListInformersResponse, error) {
+	infos := s.opts.Cache.Sources()
+	resp := &informerdv1.ListInformersResponse{Informers: make([]*informerdv1.Informer, 0, len(infos))}
+	for _, in := range infos {
+		resp.Informers = append(resp.Informers, &informerdv1.Informer{
+			Resource: &informerdv1.GroupVersionResource{
+				Group: in.Key.GVR.Group, Version: in.Key.GVR.Version, Resource: in.Key.GVR.Resource,
+			},
+			Namespace:       in.Key.Namespace,
+			FieldSelector:   in.Key.FieldSelector,
+			State:           string(in.State),
+			Lingering:       in.RefCount == 0,
+			Holders:         in.Holders,
+			RefCount:        int32(in.RefCount),
+			Objects:         int64(in.Objects),
+			ResourceVersion: in.ResourceVersion,
+			MaxLagEvents:    int64(in.MaxLagEvents),
+			Message:         in.Message,
+		})
+	}
+	return resp, nil
+}
