@@ -30,8 +30,15 @@ import (
 // it with the initial-events-end bookmark. A RESET (the resume point left
 // the daemon's log) surfaces as 410 Expired, on which the reflector
 // relists.
-func NewListerWatcher(c *Client, opts WatchOptions) cache.ListerWatcherWithContext {
+func NewListerWatcher(c *Client, opts WatchOptions) ListerWatcher {
 	return &listWatch{c: c, opts: opts}
+}
+
+// ListerWatcher is what NewListerWatcher returns: client-go's ListerWatcher
+// in both its forms, so that every informer constructor takes it.
+type ListerWatcher interface {
+	cache.ListerWatcher
+	cache.ListerWatcherWithContext
 }
 
 type listWatch struct {
@@ -39,7 +46,18 @@ type listWatch struct {
 	opts WatchOptions
 }
 
-var _ cache.ListerWatcherWithContext = (*listWatch)(nil)
+var _ ListerWatcher = (*listWatch)(nil)
+
+// List is ListWithContext without a context, for client-go's older
+// constructors; client-go calls the context forms when they exist.
+func (lw *listWatch) List(o metav1.ListOptions) (runtime.Object, error) {
+	return lw.ListWithContext(context.Background(), o)
+}
+
+// Watch is WatchWithContext without a context; see List.
+func (lw *listWatch) Watch(o metav1.ListOptions) (watch.Interface, error) {
+	return lw.WatchWithContext(context.Background(), o)
+}
 
 func (lw *listWatch) checkSelectors(o metav1.ListOptions) error {
 	if o.LabelSelector != "" || o.FieldSelector != "" {

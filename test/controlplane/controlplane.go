@@ -187,9 +187,12 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 			"--root-ca-file="+cp.pki.caCert,
 			"--use-service-account-credentials",
 			"--leader-elect=false",
-			"--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle",
+			"--controllers=*,-node-ipam-controller,-node-lifecycle-controller", // one fake node: no CIDRs, no evictions
 			"--v=1",
 		); err != nil {
+			return nil, err
+		}
+		if err := cp.waitComponent(ctx, "kube-controller-manager", ports[portControllerManager]); err != nil {
 			return nil, err
 		}
 	}
@@ -396,6 +399,13 @@ func (cp *ControlPlane) waitAPIServer(ctx context.Context) error {
 	}
 	return cp.waitHTTP(ctx, "kube-apiserver", cp.APIServerURL+"/readyz",
 		&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+}
+
+// waitComponent waits for the /healthz of a component that serves HTTPS
+// on a loopback port with a self-signed certificate.
+func (cp *ControlPlane) waitComponent(ctx context.Context, name string, port int) error {
+	return cp.waitHTTP(ctx, name, fmt.Sprintf("https://127.0.0.1:%d/healthz", port),
+		&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // loopback health probe of a throwaway component
 }
 
 // startTimeout bounds how long one component may take to become ready.

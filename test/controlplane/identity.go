@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 )
@@ -102,6 +103,9 @@ func (cp *ControlPlane) startFakeNode(ctx context.Context, ports []int) error {
 	); err != nil {
 		return err
 	}
+	if err := cp.waitComponent(ctx, "kube-scheduler", ports[portScheduler]); err != nil {
+		return err
+	}
 	if err := cp.startProcess("kwok",
 		"--kubeconfig="+cp.KubeconfigPath,
 		"--config="+filepath.Join(cp.opts.BinDir, "..", "stage", "kwok-stages.yaml"),
@@ -148,6 +152,12 @@ func (cp *ControlPlane) startFakeNode(ctx context.Context, ports []int) error {
 	})
 	if err != nil {
 		return fmt.Errorf("fake node %s not Ready: %w; kwok log:\n%s", FakeNodeName, err, tail(filepath.Join(cp.Dir, "logs", "kwok.log"), 4096))
+	}
+	// Admission taints a new node not-ready; the node lifecycle controller,
+	// which would lift it, is off (one fake node needs no evictions).
+	patch := []byte(`{"spec":{"taints":null}}`)
+	if _, err := admin.CoreV1().Nodes().Patch(ctx, FakeNodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("removing the not-ready taint of %s: %w", FakeNodeName, err)
 	}
 	return nil
 }

@@ -33,4 +33,6 @@ var goleakOptions = []goleak.Option{
 	goleak.IgnoreAnyFunction("k8s.io/client-go/util/workqueue.(*Type).updateUnfinishedWorkLoop"),
 	goleak.IgnoreAnyFunction("k8s.io/client-go/util/workqueue.(*delayingType).waitingLoop"),
 	goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	// golang-lru/v2's expirable LRU never stops its expiry goroutine (one per cache.Manager).
+	goleak.IgnoreAnyFunction("github.com/hashicorp/golang-lru/v2/expirable.NewLRU[...].func1"),
 }

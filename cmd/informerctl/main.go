@@ -1,0 +1,179 @@
+// Command informerctl talks to an informerd daemon:
+//
+//	informerctl [-address A] informers            list informers, holders and lag
+//	informerctl [-address A] watch -resource R    stream changes of a resource
+//
+// watch prints one line per change. With -summary it prints nothing until
+// it is stopped (SIGINT/SIGTERM), then one JSON line: the number of changes
+// its handler saw and its final store (key -> resourceVersion).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/informerd/informerd/client"
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "informerctl:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("informerctl", flag.ContinueOnError)
+	address := fs.String("address", client.DefaultSocket, "daemon address: a Unix socket path or loopback host:port")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		return errors.New("missing command: informers or watch")
+	}
+	c, err := client.Dial(*address)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch cmd := fs.Arg(0); cmd {
+	case "informers":
+		return informers(ctx, c)
+	case "watch":
+		return watchCmd(ctx, c, fs.Args()[1:])
+	default:
+		return fmt.Errorf("unknown command %q: want informers or watch", cmd)
+	}
+}
+
+func informers(ctx context.Context, c *client.Client) error {
+	resp, err := c.API().ListInformers(ctx, &informerdv1.ListInformersRequest{})
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RESOURCE\tNAMESPACE\tSTATE\tREFS\tOBJECTS\tRV\tLAG\tHOLDERS\tMESSAGE")
+	for _, in := range resp.GetInformers() {
+		r := in.GetResource()
+		res := r.GetResource() + "." + r.GetVersion()
+		if r.GetGroup() != "" {
+			res += "." + r.GetGroup()
+		}
+		state := in.GetState()
+		if in.GetLingering() {
+			state += ",lingering"
+		}
+		ns := in.GetNamespace()
+		if ns == "" {
+			ns = "*"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%s\n", res, ns, state, in.GetRefCount(), in.GetObjects(),
+			in.GetResourceVersion(), in.GetMaxLagEvents(), strings.Join(in.GetHolders(), ","), in.GetMessage())
+	}
+	return tw.Flush()
+}
+
+func watchCmd(ctx context.Context, c *client.Client, args []string) error {
+	fs := flag.NewFlagSet("informerctl watch", flag.ContinueOnError)
+	resource := fs.String("resource", "", "resource as resource[.version[.group]], e.g. configmaps, deployments.v1.apps")
+	var o client.WatchOptions
+	fs.StringVar(&o.Namespace, "namespace", "", "namespace; empty: all")
+	fs.StringVar(&o.LabelSelector, "selector", "", "label selector")
+	fs.StringVar(&o.FieldSelector, "field-selector", "", "field selector")
+	fs.StringVar(&o.ClientName, "name", "informerctl", "client name shown in `informerctl informers`")
+	fs.BoolVar(&o.MetadataOnly, "metadata-only", false, "receive metadata only")
+	summary := fs.Bool("summary", false, "print only a JSON summary when stopped")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	gvr, err := parseResource(*resource)
+	if err != nil {
+		return fmt.Errorf("-resource %q: %w", *resource, err)
+	}
+	o.Resource = gvr
+	s := &summaryHandler{store: map[string]string{}, print: !*summary}
+	w := client.NewWatcher(c, o, s, client.Backoff{})
+	if err := w.Run(ctx); err != nil {
+		return err
+	}
+	if *summary {
+		return json.NewEncoder(os.Stdout).Encode(struct {
+			Events  int               `json:"events"`
+			Objects map[string]string `json:"objects"`
+		}{s.events, s.store})
+	}
+	return nil
+}
+
+// parseResource reads resource[.version[.group]]; the version defaults to
+// v1 and the group to the core group.
+func parseResource(s string) (schema.GroupVersionResource, error) {
+	if s == "" {
+		return schema.GroupVersionResource{}, errors.New("required")
+	}
+	parts := strings.SplitN(s, ".", 3)
+	gvr := schema.GroupVersionResource{Resource: parts[0], Version: "v1"}
+	if len(parts) > 1 {
+		gvr.Version = parts[1]
+	}
+	if len(parts) > 2 {
+		gvr.Group = parts[2]
+	}
+	return gvr, nil
+}
+
+// summaryHandler counts changes and keeps key -> resourceVersion.
+type summaryHandler struct {
+	store  map[string]string
+	events int
+	print  bool
+}
+
+func key(o *unstructured.Unstructured) string {
+	if o.GetNamespace() == "" {
+		return o.GetName()
+	}
+	return o.GetNamespace() + "/" + o.GetName()
+}
+
+func (s *summaryHandler) note(verb string, o *unstructured.Unstructured) {
+	s.events++
+	if s.print {
+		fmt.Printf("%s\t%s\t%s\n", verb, key(o), o.GetResourceVersion())
+	}
+}
+
+func (s *summaryHandler) OnAdd(o *unstructured.Unstructured) {
+	s.store[key(o)] = o.GetResourceVersion()
+	s.note("ADDED", o)
+}
+
+func (s *summaryHandler) OnUpdate(_, o *unstructured.Unstructured) {
+	s.store[key(o)] = o.GetResourceVersion()
+	s.note("MODIFIED", o)
+}
+
+func (s *summaryHandler) OnDelete(o *unstructured.Unstructured) {
+	delete(s.store, key(o))
+	s.note("DELETED", o)
+}
+
+func (s *summaryHandler) OnSynced() {
+	if s.print {
+		fmt.Println("SYNCED")
+	}
+}
