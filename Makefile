@@ -43,9 +43,12 @@ cluster-up: controlplane ## Start a detached local control plane; prints its kub
 cluster-down: ## Stop the control plane cluster-up started.
 	$(GO) run ./test/controlplane/cluster down -dir $(CLUSTER)
 
+# DEMO_FLAGS, e.g. DEMO_FLAGS="-clients 10 -wait".
+DEMO_FLAGS ?=
+
 .PHONY: demo
-demo: ## Not available yet: arrives with the core daemon (issue 3).
-	@echo "make demo arrives with the core daemon (issue 3); today: make cluster-up, make test" >&2; exit 1
+demo: controlplane build ## Control plane + informerd + 5 informerctl clients sharing one informer; prints a table.
+	$(GO) run ./test/demo -bin $(BIN) $(DEMO_FLAGS)
 
 $(BIN)/buf $(BIN)/golangci-lint: hack/tools/go.mod hack/tools/go.sum
 	cd hack/tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf github.com/golangci/golangci-lint/v2/cmd/golangci-lint

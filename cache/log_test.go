@@ -168,7 +168,7 @@ func TestFilterSelectorTransitions(t *testing.T) {
 		}
 	}
 	// The variants are memoized so that their frames are shared.
-	if f.apply(steps[0].ev) != f.apply(steps[0].ev) {
+	if first, again := f.apply(steps[0].ev), f.apply(steps[0].ev); first != again {
 		t.Error("the DELETED variant of an event is not memoized")
 	}
 	other := Filter{Namespace: "elsewhere"}

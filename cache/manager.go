@@ -185,11 +185,11 @@ func NewManager(opts Options) (*Manager, error) {
 // Errors: ErrUnknownResource (wrapped, naming the resource); ErrNotSynced
 // wrapping the upstream cause when the first list failed; ctx.Err().
 func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, error) {
-	key, err := m.resolve(ctx, req)
+	key, gvk, err := m.resolve(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	src, release, err := m.acquire(key, req.Holder)
+	src, release, err := m.acquire(key, gvk, req.Holder)
 	if err != nil {
 		return nil, err
 	}
@@ -205,14 +205,14 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 }
 
 // resolve maps a request to the Key that serves it.
-func (m *Manager) resolve(ctx context.Context, req Request) (Key, error) {
-	namespaced, err := m.isNamespaced(ctx, req.GVR, req.WaitForResource)
+func (m *Manager) resolve(ctx context.Context, req Request) (Key, schema.GroupVersionKind, error) {
+	gvk, namespaced, err := m.lookup(ctx, req.GVR, req.WaitForResource)
 	if err != nil {
-		return Key{}, err
+		return Key{}, gvk, err
 	}
 	key := Key{GVR: req.GVR, FieldSelector: req.FieldSelector}
 	if !namespaced || req.Namespace == "" {
-		return key, nil
+		return key, gvk, nil
 	}
 	switch m.opts.Scope {
 	case ScopeNamespace:
@@ -222,14 +222,17 @@ func (m *Manager) resolve(ctx context.Context, req Request) (Key, error) {
 			key.Namespace = req.Namespace
 		}
 	}
-	return key, nil
+	return key, gvk, nil
 }
 
 // discoveryRetry is how often a request waiting for its resource rereads
 // discovery.
 const discoveryRetry = time.Second
 
-func (m *Manager) isNamespaced(ctx context.Context, gvr schema.GroupVersionResource, wait bool) (bool, error) {
+// lookup returns the kind of gvr and whether it is namespaced, rereading
+// discovery once when the resource is unknown, and, if wait, every
+// discoveryRetry until it appears or ctx ends.
+func (m *Manager) lookup(ctx context.Context, gvr schema.GroupVersionResource, wait bool) (schema.GroupVersionKind, bool, error) {
 	for reset := false; ; reset = true {
 		if reset {
 			m.mapper.Reset()
@@ -238,24 +241,24 @@ func (m *Manager) isNamespaced(ctx context.Context, gvr schema.GroupVersionResou
 		if err == nil {
 			mapping, err := m.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 			if err != nil {
-				return false, fmt.Errorf("%w: %s: %w", ErrUnknownResource, gvrString(gvr), err)
+				return gvk, false, fmt.Errorf("%w: %s: %w", ErrUnknownResource, gvrString(gvr), err)
 			}
-			return mapping.Scope.Name() == meta.RESTScopeNameNamespace, nil
+			return gvk, mapping.Scope.Name() == meta.RESTScopeNameNamespace, nil
 		}
 		if !meta.IsNoMatchError(err) && !errors.Is(err, &meta.NoResourceMatchError{}) {
-			return false, fmt.Errorf("discovering %s: %w", gvrString(gvr), err)
+			return gvk, false, fmt.Errorf("discovering %s: %w", gvrString(gvr), err)
 		}
 		if !reset {
 			continue
 		}
 		if !wait {
-			return false, fmt.Errorf("%w: the API server does not serve %s", ErrUnknownResource, gvrString(gvr))
+			return gvk, false, fmt.Errorf("%w: the API server does not serve %s", ErrUnknownResource, gvrString(gvr))
 		}
 		t := time.NewTimer(discoveryRetry)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return false, ctx.Err()
+			return gvk, false, ctx.Err()
 		case <-t.C:
 		}
 	}
@@ -300,7 +303,7 @@ func (m *Manager) mayWatchCluster(ctx context.Context, gvr schema.GroupVersionRe
 
 // acquire returns the running Source for key, starting one if none runs,
 // and a func that releases the hold.
-func (m *Manager) acquire(key Key, holder string) (*Source, func(), error) {
+func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder string) (*Source, func(), error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -313,6 +316,7 @@ func (m *Manager) acquire(key Key, holder string) (*Source, func(), error) {
 			pageSize: m.opts.PageSize, stripMF: !m.opts.KeepManagedFields, watchList: !m.opts.DisableWatchList,
 		}
 		e = &entry{src: newSource(key, up, m.opts.Log, m.log, m.metrics), holders: map[string]int{}}
+		e.src.apiVersion, e.src.kind = gvk.GroupVersion().String(), gvk.Kind
 		e.src.start(m.ctx)
 		m.sources[key] = e
 		m.metrics.sources.Inc()

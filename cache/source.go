@@ -69,12 +69,14 @@ const (
 // Source is one upstream list+watch with its event log. It is created and
 // stopped by a Manager; subscribers read it through Subscriptions.
 type Source struct {
-	key    Key
-	up     upstream
-	log    *slog.Logger
-	hooks  *metrics
-	cancel context.CancelFunc
-	done   chan struct{} // closed when run returns
+	key Key
+	// apiVersion and kind of the resource, for markers.
+	apiVersion, kind string
+	up               upstream
+	log              *slog.Logger
+	hooks            *metrics
+	cancel           context.CancelFunc
+	done             chan struct{} // closed when run returns
 
 	mu     sync.Mutex // guards the fields below
 	events *eventLog
@@ -197,7 +199,7 @@ func (s *Source) run(ctx context.Context) error {
 					return nil
 				}
 				if classify(err) == giveUp {
-					return fmt.Errorf("%w: listing %s: %w", ErrResourceRemoved, s.key, err)
+					return fmt.Errorf("%w: %s is not served by the API server (%w)", ErrResourceRemoved, s.key, err)
 				}
 				s.setErr(err)
 				if bo.wait(ctx) != nil {
@@ -220,7 +222,7 @@ func (s *Source) run(ctx context.Context) error {
 			s.hooks.upstreamRelists.Inc()
 			needList = true
 		case giveUp:
-			return fmt.Errorf("%w: watching %s: %w", ErrResourceRemoved, s.key, err)
+			return fmt.Errorf("%w: %s is no longer served by the API server; was its CustomResourceDefinition deleted? (%w)", ErrResourceRemoved, s.key, err)
 		default:
 			if err != nil {
 				s.log.Info("watch failed: retrying", "err", err)

@@ -161,6 +161,10 @@ func (s *Subscription) Next(ctx context.Context, max int) ([]*Event, error) {
 	}
 }
 
+// TypeMeta returns the apiVersion and kind of the subscription's resource,
+// for the objects that carry markers (as the API server's bookmarks do).
+func (s *Subscription) TypeMeta() (apiVersion, kind string) { return s.src.apiVersion, s.src.kind }
+
 // Key returns the Key of the Source the subscription reads.
 func (s *Subscription) Key() Key { return s.src.key }
 

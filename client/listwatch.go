@@ -153,8 +153,10 @@ func (w *streamWatch) run() {
 	for {
 		evs, err := w.s.Recv()
 		if err != nil {
-			if !errors.Is(err, io.EOF) && terminal(err) {
-				w.send(watch.Event{Type: watch.Error, Object: &toAPIError(err).(*apierrors.StatusError).ErrStatus})
+			var st apierrors.APIStatus
+			if !errors.Is(err, io.EOF) && terminal(err) && errors.As(toAPIError(err), &st) {
+				s := st.Status()
+				w.send(watch.Event{Type: watch.Error, Object: &s})
 			}
 			return // the reflector re-watches from its last resourceVersion
 		}
@@ -180,12 +182,12 @@ func (w *streamWatch) deliver(ev *informerdv1.Event) bool {
 		if !w.bookmarks || ev.GetResourceVersion() == "" {
 			return true
 		}
-		return w.send(watch.Event{Type: watch.Bookmark, Object: bookmark(ev.GetResourceVersion(), false)})
+		return w.send(watch.Event{Type: watch.Bookmark, Object: bookmark(ev, false)})
 	case informerdv1.EventType_EVENT_TYPE_SYNCED:
 		if !w.watchList {
 			return true // a plain watch from "" sends the initial state as ADDED only
 		}
-		return w.send(watch.Event{Type: watch.Bookmark, Object: bookmark(ev.GetResourceVersion(), true)})
+		return w.send(watch.Event{Type: watch.Bookmark, Object: bookmark(ev, true)})
 	case informerdv1.EventType_EVENT_TYPE_RESET:
 		st := apierrors.NewResourceExpired("informerd: the resume point left the daemon's event log; relist").ErrStatus
 		w.send(watch.Event{Type: watch.Error, Object: &st})
@@ -202,9 +204,14 @@ func (w *streamWatch) deliver(ev *informerdv1.Event) bool {
 	return w.send(watch.Event{Type: t, Object: obj})
 }
 
-func bookmark(rv string, initialEventsEnd bool) *unstructured.Unstructured {
-	b := &unstructured.Unstructured{Object: map[string]any{}}
-	b.SetResourceVersion(rv)
+// bookmark returns the object of a BOOKMARK or SYNCED event: the daemon
+// sends one of the resource's kind (the reflector checks the kind).
+func bookmark(ev *informerdv1.Event, initialEventsEnd bool) *unstructured.Unstructured {
+	b, err := decode(ev.GetObject())
+	if err != nil {
+		b = &unstructured.Unstructured{Object: map[string]any{}}
+	}
+	b.SetResourceVersion(ev.GetResourceVersion())
 	if initialEventsEnd {
 		b.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
 	}

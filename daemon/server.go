@@ -6,6 +6,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 
@@ -95,6 +96,7 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 		return s.endStream(ctx, err)
 	}
 	defer sub.Close()
+	apiVersion, kind := sub.TypeMeta()
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
 	log := s.log.With("client", creq.Holder, "informer", sub.Key().String())
@@ -111,7 +113,7 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 		// A new slice per batch: gRPC may keep a sent message.
 		batch, size := make(frames, 0, len(pending)), 0
 		for len(pending) > 0 {
-			f := pending[0].Frame(int(view), func(e *cache.Event) []byte { return encodeEvent(e, view) })
+			f := pending[0].Frame(int(view), func(e *cache.Event) []byte { return encodeEvent(e, view, apiVersion, kind) })
 			if len(batch) > 0 && size+len(f) > s.opts.MaxBatchBytes {
 				break
 			}
@@ -136,10 +138,15 @@ func (s *Server) endStream(ctx context.Context, err error) error {
 	return st
 }
 
-// encodeEvent encodes e in view as a WatchResponse `events` field.
-func encodeEvent(e *cache.Event, view cache.View) []byte {
+// encodeEvent encodes e in view as a WatchResponse `events` field. A
+// BOOKMARK or SYNCED carries an object of the resource's kind with only its
+// resourceVersion, as the API server's bookmarks do.
+func encodeEvent(e *cache.Event, view cache.View, apiVersion, kind string) []byte {
 	ev := &informerdv1.Event{Type: eventType(e.Type), ResourceVersion: e.ResourceVersion}
-	if e.Object != nil {
+	switch {
+	case e.Object == nil && (e.Type == cache.Bookmark || e.Type == cache.Synced):
+		ev.Object = markerJSON(apiVersion, kind, e.ResourceVersion)
+	case e.Object != nil:
 		obj, err := view.Project(e.Object)
 		if err != nil {
 			// The API server sent this JSON; a projection cannot fail on
@@ -149,6 +156,13 @@ func encodeEvent(e *cache.Event, view cache.View) []byte {
 		ev.Object = obj
 	}
 	return encodeFrame(ev)
+}
+
+func markerJSON(apiVersion, kind, rv string) []byte {
+	b, _ := json.Marshal(map[string]any{ // strings only: cannot fail
+		"apiVersion": apiVersion, "kind": kind, "metadata": map[string]string{"resourceVersion": rv},
+	})
+	return b
 }
 
 func eventType(t cache.EventType) informerdv1.EventType {

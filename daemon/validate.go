@@ -82,4 +82,3 @@ func validateWatch(req *informerdv1.WatchRequest) (cache.Request, cache.View, er
 		Holder:          name,
 	}, view, nil
 }
-

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -182,9 +183,8 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		ok := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
-		mux.HandleFunc("/healthz", ok)
-		mux.HandleFunc("/readyz", ok)
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		mux.HandleFunc("/readyz", readyz(restCfg))
 		httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = httpSrv.Serve(l) }() // ends when Shutdown closes it below
 	}
@@ -202,7 +202,7 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 	hs.Shutdown()
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }() // stops accepting at once
-	srv.Shutdown()                                       // ends the streams
+	srv.Shutdown()                                    // ends the streams
 	select {
 	case <-stopped:
 	case <-time.After(10 * time.Second):
@@ -213,6 +213,25 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		_ = httpSrv.Close()
 	}
 	return err
+}
+
+// readyz answers 200 while the API server answers /version within 2 s:
+// informerd serves what it has without it, but cannot start new informers.
+func readyz(cfg *rest.Config) http.HandlerFunc {
+	kube, clientErr := kubernetes.NewForConfig(cfg)
+	return func(w http.ResponseWriter, r *http.Request) {
+		err := clientErr
+		if err == nil {
+			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+			defer cancel()
+			_, err = kube.Discovery().RESTClient().Get().AbsPath("/version").DoRaw(ctx)
+		}
+		if err != nil {
+			http.Error(w, "API server unreachable: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	}
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {
@@ -241,7 +260,7 @@ func listenUnix(path string) (net.Listener, error) {
 			return nil, errors.New("exists and is not a socket")
 		}
 		if c, err := net.Dial("unix", path); err == nil {
-			c.Close()
+			_ = c.Close()
 			return nil, errors.New("another process is serving on it")
 		}
 		if err := os.Remove(path); err != nil {

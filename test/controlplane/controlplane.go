@@ -48,7 +48,8 @@ type Options struct {
 	EtcdPort, EtcdPeerPort, APIServerPort, ControllerManagerPort, SchedulerPort, KwokPort int
 	// ControllerManager starts kube-controller-manager (namespaces
 	// finalize, Deployments make ReplicaSets and Pods, default
-	// ServiceAccounts appear).
+	// ServiceAccounts appear), without the garbage collector and the quota
+	// controller, which would watch every resource.
 	ControllerManager bool
 	// FakeNode starts kube-scheduler and kwok and registers one fake node
 	// that kwok manages, so that pods get scheduled, Running and pod IPs.
@@ -187,7 +188,10 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 			"--root-ca-file="+cp.pki.caCert,
 			"--use-service-account-credentials",
 			"--leader-elect=false",
-			"--controllers=*,-node-ipam-controller,-node-lifecycle-controller", // one fake node: no CIDRs, no evictions
+			// One fake node: no CIDRs, no evictions. No garbage collector or
+			// quota controller: they watch every resource, CRs included, and
+			// tests count the API server's watches per resource.
+			"--controllers=*,-node-ipam-controller,-node-lifecycle-controller,-garbage-collector-controller,-resourcequota-controller",
 			"--v=1",
 		); err != nil {
 			return nil, err

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -211,6 +210,6 @@ func expectEvent(t *testing.T, w watch.Interface, typ watch.EventType, rv string
 			t.Fatalf("%s event at resourceVersion %s, want %s", typ, got, rv)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal(fmt.Sprintf("no %s event within 30s", typ))
+		t.Fatalf("no %s event within 30s", typ)
 	}
 }

@@ -375,8 +375,9 @@ type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// type says what the event means.
 	Type EventType `protobuf:"varint,1,opt,name=type,proto3,enum=informerd.v1.EventType" json:"type,omitempty"`
-	// object is the object in the requested view, as JSON; empty for
-	// BOOKMARK, SYNCED and RESET.
+	// object is the object in the requested view, as JSON. For BOOKMARK and
+	// SYNCED it is an object of the resource's kind carrying only
+	// metadata.resourceVersion, as the API server's bookmarks; empty for RESET.
 	Object []byte `protobuf:"bytes,2,opt,name=object,proto3" json:"object,omitempty"`
 	// resource_version is the position of the stream after this event;
 	// resume from the last non-empty one received after SYNCED.

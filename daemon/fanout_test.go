@@ -1,0 +1,243 @@
+package daemon_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
+
+	"github.com/informerd/informerd/cache"
+	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/daemon"
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/hashicorp/golang-lru/v2/expirable.NewLRU[...].func1"),
+		goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"))
+}
+
+// fakeAPIServer serves just enough of the Kubernetes API for one resource
+// (configmaps) to drive a real cache.Manager: discovery, an empty LIST, and
+// a watch that writes whatever the benchmark feeds it. It stands in for the
+// API server only where the API server is not what is measured.
+type fakeAPIServer struct {
+	*httptest.Server
+	feed chan []byte // watch event lines
+}
+
+func newFakeAPIServer(t testing.TB) *fakeAPIServer {
+	f := &fakeAPIServer{feed: make(chan []byte, 1024)}
+	mux := http.NewServeMux()
+	reply := func(body string) http.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, body)
+		}
+	}
+	mux.HandleFunc("/api", reply(`{"kind":"APIVersions","versions":["v1"]}`))
+	mux.HandleFunc("/apis", reply(`{"kind":"APIGroupList","apiVersion":"v1","groups":[]}`))
+	mux.HandleFunc("/api/v1", reply(`{"kind":"APIResourceList","groupVersion":"v1","resources":[`+
+		`{"name":"configmaps","singularName":"configmap","namespaced":true,"kind":"ConfigMap","verbs":["list","watch"]}]}`))
+	mux.HandleFunc("/api/v1/configmaps", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("watch") != "true" {
+			io.WriteString(w, `{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}`)
+			return
+		}
+		flusher := w.(http.Flusher)
+		flusher.Flush()
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case line := <-f.feed:
+				w.Write(line)
+				// Write what is queued before flushing, as the API server does.
+				for n := len(f.feed); n > 0; n-- {
+					w.Write(<-f.feed)
+				}
+				flusher.Flush()
+			}
+		}
+	})
+	f.Server = httptest.NewServer(mux)
+	t.Cleanup(f.Close)
+	return f
+}
+
+// event returns a watch line for ConfigMap i at resourceVersion rv with
+// about size bytes of data.
+func event(i, rv, size int) []byte {
+	return []byte(fmt.Sprintf(`{"type":"MODIFIED","object":{"apiVersion":"v1","kind":"ConfigMap","metadata":`+
+		`{"name":"cm-%d","namespace":"bench","uid":"u-%d","resourceVersion":"%d","labels":{"app":"bench"}},"data":{"v":%q}}}`+"\n",
+		i, i, rv, strings.Repeat("x", size)))
+}
+
+// serve starts a daemon over the fake API server on a Unix socket.
+func serve(t testing.TB, api *fakeAPIServer) string {
+	mgr, err := cache.NewManager(cache.Options{
+		Config: &rest.Config{Host: api.URL, QPS: -1}, Scope: cache.ScopeCluster, DisableWatchList: true,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := daemon.New(daemon.Options{Cache: mgr, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(daemon.ServerOptions()...)
+	informerdv1.RegisterInformerServiceServer(gs, srv)
+	socket := filepath.Join(t.TempDir(), "d.sock")
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = gs.Serve(l) }()
+	t.Cleanup(func() {
+		stopped := make(chan struct{})
+		go func() { gs.GracefulStop(); close(stopped) }()
+		srv.Shutdown()
+		<-stopped
+		<-done
+		mgr.Close()
+	})
+	return socket
+}
+
+// subscriber counts the object events it receives on its own connection.
+type subscriber struct {
+	s      *client.Stream
+	synced chan struct{}
+	got    chan int // receives the running count after each batch
+}
+
+func subscribe(t testing.TB, socket string) *subscriber {
+	c, err := client.Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, err := c.Stream(context.Background(), client.WatchOptions{
+		Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, ClientName: "bench",
+	}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := &subscriber{s: s, synced: make(chan struct{}), got: make(chan int, 1)}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // ends when the stream is closed
+		defer wg.Done()
+		n := 0
+		for {
+			evs, err := s.Recv()
+			if err != nil {
+				return
+			}
+			for _, ev := range evs {
+				switch ev.GetType() {
+				case informerdv1.EventType_EVENT_TYPE_SYNCED:
+					close(sub.synced)
+				case informerdv1.EventType_EVENT_TYPE_ADDED, informerdv1.EventType_EVENT_TYPE_MODIFIED:
+					n++
+				}
+			}
+			select { // keep only the latest count
+			case <-sub.got:
+			default:
+			}
+			sub.got <- n
+		}
+	}()
+	t.Cleanup(func() { s.Close(); wg.Wait() })
+	return sub
+}
+
+// waitCount waits until the subscriber has received n object events.
+func (s *subscriber) waitCount(t testing.TB, n int) {
+	timeout := time.After(2 * time.Minute)
+	for {
+		select {
+		case got := <-s.got:
+			if got >= n {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("subscriber stuck before %d events", n)
+		}
+	}
+}
+
+// TestFanOutDeliversEveryEventToEverySubscriber checks the path the
+// benchmark measures: every subscriber gets every event, in order.
+func TestFanOutDeliversEveryEventToEverySubscriber(t *testing.T) {
+	api := newFakeAPIServer(t)
+	socket := serve(t, api)
+	subs := make([]*subscriber, 5)
+	for i := range subs {
+		subs[i] = subscribe(t, socket)
+		<-subs[i].synced
+	}
+	for i := range 500 {
+		api.feed <- event(i%50, i+2, 100)
+	}
+	for _, s := range subs {
+		s.waitCount(t, 500)
+	}
+}
+
+// BenchmarkFanOut measures events delivered per second from one upstream
+// watch to 1, 10 and 100 subscribers, each on its own gRPC connection over
+// a Unix socket: upstream JSON decode, the log, encode-once frames, gRPC,
+// and the client's decode of each WatchResponse.
+func BenchmarkFanOut(b *testing.B) {
+	for _, n := range []int{1, 10, 100} {
+		for _, size := range []int{1024, 4096} {
+			b.Run(fmt.Sprintf("subscribers=%d/object=%dB", n, size), func(b *testing.B) {
+				api := newFakeAPIServer(b)
+				socket := serve(b, api)
+				subs := make([]*subscriber, n)
+				for i := range subs {
+					subs[i] = subscribe(b, socket)
+					<-subs[i].synced
+				}
+				lines := make([][]byte, b.N)
+				for i := range lines {
+					lines[i] = event(i%1000, i+2, size)
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				start := time.Now()
+				go func() { // ends after b.N lines
+					for _, l := range lines {
+						api.feed <- l
+					}
+				}()
+				for _, s := range subs {
+					s.waitCount(b, b.N)
+				}
+				elapsed := time.Since(start)
+				b.StopTimer()
+				b.ReportMetric(float64(b.N*n)/elapsed.Seconds(), "deliveries/s")
+				b.ReportMetric(float64(b.N)/elapsed.Seconds(), "events/s")
+			})
+		}
+	}
+}
