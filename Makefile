@@ -13,7 +13,7 @@ TEST_FLAGS ?=
 
 .PHONY: help
 help: ## List the targets.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Build informerd's binaries into _output/bin.
@@ -35,9 +35,12 @@ test-unit: ## Run the unit tests only (no control plane).
 test-e2e: controlplane ## Run the e2e tests matching E2E_RUN against a fresh control plane.
 	$(GO) test -race -count=1 -timeout=30m -run '$(E2E_RUN)' -v $(TEST_FLAGS) ./test/e2e/...
 
+# CLUSTER_FLAGS, e.g. CLUSTER_FLAGS="-apiserver-port 6443".
+CLUSTER_FLAGS ?=
+
 .PHONY: cluster-up
 cluster-up: controlplane ## Start a detached local control plane; prints its kubeconfig.
-	$(GO) run ./test/controlplane/cluster up -dir $(CLUSTER)
+	$(GO) run ./test/controlplane/cluster up -dir $(CLUSTER) $(CLUSTER_FLAGS)
 
 .PHONY: cluster-down
 cluster-down: ## Stop the control plane cluster-up started.
