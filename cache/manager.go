@@ -310,6 +310,12 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder string) (
 		return nil, nil, ErrStopped
 	}
 	e := m.sources[key]
+	if e != nil && e.src.stopped() {
+		// Its holders still drain it; a new subscriber gets a new Source
+		// (for example for a CRD that was deleted and created again).
+		m.removeLocked(key, e)
+		e = nil
+	}
 	if e == nil {
 		up := &restUpstream{
 			client: m.client, path: collectionPath(key), fieldSel: key.FieldSelector,
@@ -336,13 +342,10 @@ func (m *Manager) release(key Key, e *entry, holder string) {
 	if e.holders[holder]--; e.holders[holder] == 0 {
 		delete(e.holders, holder)
 	}
-	if e.refs > 0 || m.closed {
-		return
+	if e.refs > 0 || m.closed || m.sources[key] != e {
+		return // still held, shutting down, or already replaced
 	}
-	e.src.mu.Lock()
-	terminal := e.src.terminal != nil
-	e.src.mu.Unlock()
-	if terminal {
+	if e.src.stopped() {
 		m.removeLocked(key, e)
 		return
 	}

@@ -122,6 +122,16 @@ func (s *Source) start(parent context.Context) {
 	}()
 }
 
+// stopped reports whether the Source will publish nothing more.
+func (s *Source) stopped() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // stop ends the loop and waits for it. Subscribers get ErrStopped.
 func (s *Source) stop() {
 	s.cancel()

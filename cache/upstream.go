@@ -125,7 +125,7 @@ func (u *restUpstream) listByWatch(ctx context.Context) ([]*Object, string, erro
 	defer ws.close()
 	var objs []*Object
 	for {
-		t, obj, rv, err := ws.nextRaw()
+		t, obj, rv, err := ws.next()
 		if err != nil {
 			return nil, "", err
 		}
@@ -174,9 +174,7 @@ func newJSONWatchStream(body io.ReadCloser, stripMF bool) *jsonWatchStream {
 
 func (w *jsonWatchStream) close() { w.body.Close() }
 
-func (w *jsonWatchStream) next() (EventType, *Object, string, error) { return w.nextRaw() }
-
-func (w *jsonWatchStream) nextRaw() (EventType, *Object, string, error) {
+func (w *jsonWatchStream) next() (EventType, *Object, string, error) {
 	var frame struct {
 		Type   string          `json:"type"`
 		Object json.RawMessage `json:"object"`

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -519,6 +520,17 @@ func TestCRDLifecycle(t *testing.T) {
 	}
 	r.waitFor(ctx, t, "event after the CRD appeared", func(m map[string]string) bool { return m[ns+"/s1"] != "" })
 
+	// A second stream that holds the Source and is never read: the
+	// Source outlives its CRD while it is held.
+	holder, err := c.Stream(ctx, client.WatchOptions{Resource: gvr, ClientName: "holder"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.Recv(); err != nil {
+		t.Fatal(err)
+	}
+
 	if err := dyn.Resource(crdGVR).Delete(ctx, gvr.Resource+"."+gvr.Group, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -531,6 +543,21 @@ func TestCRDLifecycle(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the watch did not end after its CRD was deleted")
 	}
+
+	// The CRD comes back: a new subscription gets a new Source, although
+	// the holder still holds the dead one.
+	crdName := gvr.Resource + "." + gvr.Group
+	eventually(ctx, t, "CRD gone", func() bool {
+		_, err := dyn.Resource(crdGVR).Get(ctx, crdName, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	createCRD(ctx, t, dyn, gvr, "Sprocket")
+	if _, err := dyn.Resource(gvr).Namespace(ns).Create(ctx, o, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	again := newRecorder()
+	runWatcher(t, c, client.WatchOptions{Resource: gvr, WaitForResource: true, ClientName: "again"}, again)
+	again.waitFor(ctx, t, "events after the CRD came back", func(m map[string]string) bool { return m[ns+"/s1"] != "" })
 }
 
 // TestBadRequests: each bad request gets its code and a message naming the
