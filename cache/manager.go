@@ -173,6 +173,11 @@ func NewManager(opts Options) (*Manager, error) {
 		sources:    map[Key]*entry{},
 		scopeCache: map[schema.GroupVersionResource]scopeDecision{},
 	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(sourceCollector{m}); err != nil {
+			return nil, fmt.Errorf("cache: registering metrics: %w", err)
+		}
+	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.lru = expirable.NewLRU[Key, *entry](opts.MaxLingering, m.onEvict, opts.LingerTTL)
 	return m, nil

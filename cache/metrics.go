@@ -32,3 +32,42 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	return m
 }
+
+// sourceCollector reports per-resource figures computed at scrape time from
+// the Manager's Sources: reference counts, log sizes and subscriber lag. Its
+// only label is the resource, which has the cardinality of the resources
+// the node watches.
+type sourceCollector struct{ m *Manager }
+
+var (
+	descRefs = prometheus.NewDesc("informerd_source_refs", "Subscriptions holding the informers of a resource.", []string{"resource"}, nil)
+	descLog  = prometheus.NewDesc("informerd_log_events", "Events held in the event logs of a resource's informers.", []string{"resource"}, nil)
+	descLag  = prometheus.NewDesc("informerd_subscriber_lag_events_max", "Events the slowest subscriber of a resource is behind.", []string{"resource"}, nil)
+)
+
+func (c sourceCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descRefs
+	ch <- descLog
+	ch <- descLag
+}
+
+func (c sourceCollector) Collect(ch chan<- prometheus.Metric) {
+	type agg struct{ refs, log, lag float64 }
+	by := map[string]*agg{}
+	for _, s := range c.m.Sources() {
+		r := s.Key.GVR.GroupResource().String()
+		a := by[r]
+		if a == nil {
+			a = &agg{}
+			by[r] = a
+		}
+		a.refs += float64(s.RefCount)
+		a.log += float64(s.LogEvents)
+		a.lag = max(a.lag, float64(s.MaxLagEvents))
+	}
+	for r, a := range by {
+		ch <- prometheus.MustNewConstMetric(descRefs, prometheus.GaugeValue, a.refs, r)
+		ch <- prometheus.MustNewConstMetric(descLog, prometheus.GaugeValue, a.log, r)
+		ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, a.lag, r)
+	}
+}

@@ -351,6 +351,7 @@ type Status struct {
 	Key             Key
 	State           SourceState
 	Objects         int
+	LogEvents       int
 	ResourceVersion string
 	MaxLagEvents    uint64
 	Message         string
@@ -359,7 +360,10 @@ type Status struct {
 func (s *Source) status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := Status{Key: s.key, State: s.state, Objects: len(s.events.store), ResourceVersion: strconv.FormatUint(s.events.lastRV, 10)}
+	st := Status{
+		Key: s.key, State: s.state, Objects: len(s.events.store), LogEvents: len(s.events.entries) - s.events.start,
+		ResourceVersion: strconv.FormatUint(s.events.lastRV, 10),
+	}
 	for sub := range s.subs {
 		if sub.cursor < s.events.lastSeq {
 			st.MaxLagEvents = max(st.MaxLagEvents, s.events.lastSeq-sub.cursor)

@@ -11,12 +11,14 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 
 	"github.com/informerd/informerd/cache"
@@ -37,7 +39,8 @@ func TestMain(m *testing.M) {
 // API server only where the API server is not what is measured.
 type fakeAPIServer struct {
 	*httptest.Server
-	feed chan []byte // watch event lines
+	feed           chan []byte // watch event lines
+	lists, watches atomic.Int32
 }
 
 func newFakeAPIServer(t testing.TB) *fakeAPIServer {
@@ -56,9 +59,11 @@ func newFakeAPIServer(t testing.TB) *fakeAPIServer {
 	mux.HandleFunc("/api/v1/configmaps", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		if r.URL.Query().Get("watch") != "true" {
+			f.lists.Add(1)
 			io.WriteString(w, `{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}`)
 			return
 		}
+		f.watches.Add(1)
 		flusher := w.(http.Flusher)
 		flusher.Flush()
 		for {
@@ -90,6 +95,11 @@ func event(i, rv, size int) []byte {
 
 // serve starts a daemon over the fake API server on a Unix socket.
 func serve(t testing.TB, api *fakeAPIServer) string {
+	socket, _ := serveManager(t, api)
+	return socket
+}
+
+func serveManager(t testing.TB, api *fakeAPIServer) (string, *cache.Manager) {
 	mgr, err := cache.NewManager(cache.Options{
 		Config: &rest.Config{Host: api.URL, QPS: -1}, Scope: cache.ScopeCluster, DisableWatchList: true,
 		Logger: slog.New(slog.DiscardHandler),
@@ -118,7 +128,7 @@ func serve(t testing.TB, api *fakeAPIServer) string {
 		<-done
 		mgr.Close()
 	})
-	return socket
+	return socket, mgr
 }
 
 // subscriber counts the object events it receives on its own connection.
@@ -182,6 +192,58 @@ func (s *subscriber) waitCount(t testing.TB, n int) {
 		case <-timeout:
 			t.Fatalf("subscriber stuck before %d events", n)
 		}
+	}
+}
+
+// TestConcurrentSubscribersShareOneUpstream: many clients subscribing and
+// leaving the same Key at once never start a second reflector, and the ref
+// count returns to zero.
+func TestConcurrentSubscribersShareOneUpstream(t *testing.T) {
+	api := newFakeAPIServer(t)
+	socket, mgr := serveManager(t, api)
+	c, err := client.Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	opts := client.WatchOptions{Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, ClientName: "churn"}
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				s, err := c.Stream(context.Background(), opts, "")
+				if err != nil {
+					errs <- err
+					return
+				}
+				_, err = s.Recv() // the snapshot: the subscription is live
+				s.Close()
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	// Streams end asynchronously on the server, with nothing to wait on:
+	// poll for the releases.
+	err = wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		src := mgr.Sources()
+		return len(src) == 1 && src[0].RefCount == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("sources after every client left: %+v", mgr.Sources())
+	}
+	if l, w := api.lists.Load(), api.watches.Load(); l != 1 || w != 1 {
+		t.Fatalf("200 subscriptions caused %d lists and %d watches upstream, want 1 and 1", l, w)
 	}
 }
 
