@@ -68,7 +68,11 @@ type Options struct {
 
 // Request is what a subscriber asks for. The daemon validates it first.
 type Request struct {
-	GVR       schema.GroupVersionResource
+	// GVR is the resource. With Kind set, GVR.Resource is ignored, the
+	// group is Kind's and an empty version means the preferred one.
+	GVR schema.GroupVersionResource
+	// Kind, if set, names the resource by kind.
+	Kind      string
 	Namespace string
 	Filter    Filter // Filter.Namespace is set from Namespace
 	// FieldSelector, canonical, is evaluated by the API server.
@@ -211,19 +215,20 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 
 // resolve maps a request to the Key that serves it.
 func (m *Manager) resolve(ctx context.Context, req Request) (Key, schema.GroupVersionKind, error) {
-	gvk, namespaced, err := m.lookup(ctx, req.GVR, req.WaitForResource)
+	mapping, err := m.lookup(ctx, req)
 	if err != nil {
-		return Key{}, gvk, err
+		return Key{}, schema.GroupVersionKind{}, err
 	}
-	key := Key{GVR: req.GVR, FieldSelector: req.FieldSelector}
-	if !namespaced || req.Namespace == "" {
+	gvk := mapping.GroupVersionKind
+	key := Key{GVR: mapping.Resource, FieldSelector: req.FieldSelector}
+	if mapping.Scope.Name() != meta.RESTScopeNameNamespace || req.Namespace == "" {
 		return key, gvk, nil
 	}
 	switch m.opts.Scope {
 	case ScopeNamespace:
 		key.Namespace = req.Namespace
 	case ScopeAutomatic:
-		if !m.mayWatchCluster(ctx, req.GVR) {
+		if !m.mayWatchCluster(ctx, key.GVR) {
 			key.Namespace = req.Namespace
 		}
 	}
@@ -234,39 +239,54 @@ func (m *Manager) resolve(ctx context.Context, req Request) (Key, schema.GroupVe
 // discovery.
 const discoveryRetry = time.Second
 
-// lookup returns the kind of gvr and whether it is namespaced, rereading
-// discovery once when the resource is unknown, and, if wait, every
+// lookup maps a request's resource (or kind) through discovery, rereading
+// it once when the resource is unknown, and, if the request waits, every
 // discoveryRetry until it appears or ctx ends.
-func (m *Manager) lookup(ctx context.Context, gvr schema.GroupVersionResource, wait bool) (schema.GroupVersionKind, bool, error) {
+func (m *Manager) lookup(ctx context.Context, req Request) (*meta.RESTMapping, error) {
+	what := gvrString(req.GVR)
+	if req.Kind != "" {
+		what = "kind " + schema.GroupKind{Group: req.GVR.Group, Kind: req.Kind}.String()
+	}
 	for reset := false; ; reset = true {
 		if reset {
 			m.mapper.Reset()
 		}
-		gvk, err := m.mapper.KindFor(gvr)
+		mapping, err := m.mapping(req)
 		if err == nil {
-			mapping, err := m.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-			if err != nil {
-				return gvk, false, fmt.Errorf("%w: %s: %w", ErrUnknownResource, gvrString(gvr), err)
-			}
-			return gvk, mapping.Scope.Name() == meta.RESTScopeNameNamespace, nil
+			return mapping, nil
 		}
-		if !meta.IsNoMatchError(err) && !errors.Is(err, &meta.NoResourceMatchError{}) {
-			return gvk, false, fmt.Errorf("discovering %s: %w", gvrString(gvr), err)
+		if !meta.IsNoMatchError(err) {
+			return nil, fmt.Errorf("discovering %s: %w", what, err)
 		}
 		if !reset {
 			continue
 		}
-		if !wait {
-			return gvk, false, fmt.Errorf("%w: the API server does not serve %s", ErrUnknownResource, gvrString(gvr))
+		if !req.WaitForResource {
+			return nil, fmt.Errorf("%w: the API server does not serve %s", ErrUnknownResource, what)
 		}
 		t := time.NewTimer(discoveryRetry)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return gvk, false, ctx.Err()
+			return nil, ctx.Err()
 		case <-t.C:
 		}
 	}
+}
+
+func (m *Manager) mapping(req Request) (*meta.RESTMapping, error) {
+	if req.Kind != "" {
+		var versions []string
+		if req.GVR.Version != "" {
+			versions = append(versions, req.GVR.Version)
+		}
+		return m.mapper.RESTMapping(schema.GroupKind{Group: req.GVR.Group, Kind: req.Kind}, versions...)
+	}
+	gvk, err := m.mapper.KindFor(req.GVR)
+	if err != nil {
+		return nil, err
+	}
+	return m.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 }
 
 func gvrString(gvr schema.GroupVersionResource) string {

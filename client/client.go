@@ -58,8 +58,11 @@ func (c *Client) API() informerdv1.InformerServiceClient { return c.api }
 
 // WatchOptions say what to watch.
 type WatchOptions struct {
-	// Resource to watch. Required.
+	// Resource to watch. Required, unless Kind is set.
 	Resource schema.GroupVersionResource
+	// Kind names the resource by kind instead, with Resource.Group and an
+	// optional Resource.Version; Resource.Resource must be empty.
+	Kind string
 	// Namespace, or "" for all namespaces.
 	Namespace string
 	// LabelSelector and FieldSelector, in kubectl syntax.
@@ -89,6 +92,7 @@ func (o WatchOptions) request(resume string) *informerdv1.WatchRequest {
 		ResumeResourceVersion: resume,
 		ClientName:            o.ClientName,
 		WaitForResource:       o.WaitForResource,
+		Kind:                  o.Kind,
 	}
 }
 

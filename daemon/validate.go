@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"strconv"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -23,20 +24,30 @@ func validateWatch(req *informerdv1.WatchRequest) (cache.Request, cache.View, er
 	invalid := func(format string, args ...any) (cache.Request, cache.View, error) {
 		return cache.Request{}, 0, status.Errorf(codes.InvalidArgument, format, args...)
 	}
-	r := req.GetResource()
-	if r.GetVersion() == "" || r.GetResource() == "" {
-		return invalid("resource: version and resource are required (for example version %q, resource %q)", "v1", "configmaps")
+	r, kind := req.GetResource(), req.GetKind()
+	switch {
+	case kind != "" && r.GetResource() != "":
+		return invalid("kind %q and resource.resource %q are both set: name the resource one way", kind, r.GetResource())
+	case kind != "":
+		if errs := validation.IsDNS1035Label(strings.ToLower(kind)); len(errs) > 0 {
+			return invalid("kind %q: %s", kind, errs[0])
+		}
+	case r.GetVersion() == "" || r.GetResource() == "":
+		return invalid("resource: version and resource (or kind) are required, for example version %q, resource %q", "v1", "configmaps")
+	default:
+		if errs := validation.IsDNS1123Subdomain(r.GetResource()); len(errs) > 0 {
+			return invalid("resource.resource %q: %s (use the lower-case plural, for example %q)", r.GetResource(), errs[0], "deployments")
+		}
 	}
 	if r.GetGroup() != "" {
 		if errs := validation.IsDNS1123Subdomain(r.GetGroup()); len(errs) > 0 {
 			return invalid("resource.group %q: %s", r.GetGroup(), errs[0])
 		}
 	}
-	if errs := validation.IsDNS1035Label(r.GetVersion()); len(errs) > 0 {
-		return invalid("resource.version %q: %s", r.GetVersion(), errs[0])
-	}
-	if errs := validation.IsDNS1123Subdomain(r.GetResource()); len(errs) > 0 {
-		return invalid("resource.resource %q: %s (use the lower-case plural, for example %q)", r.GetResource(), errs[0], "deployments")
+	if v := r.GetVersion(); v != "" {
+		if errs := validation.IsDNS1035Label(v); len(errs) > 0 {
+			return invalid("resource.version %q: %s", v, errs[0])
+		}
 	}
 	if ns := req.GetNamespace(); ns != "" {
 		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
@@ -74,6 +85,7 @@ func validateWatch(req *informerdv1.WatchRequest) (cache.Request, cache.View, er
 	}
 	return cache.Request{
 		GVR:             schema.GroupVersionResource{Group: r.GetGroup(), Version: r.GetVersion(), Resource: r.GetResource()},
+		Kind:            kind,
 		Namespace:       req.GetNamespace(),
 		Filter:          cache.Filter{Labels: sel},
 		FieldSelector:   fieldSel.String(),

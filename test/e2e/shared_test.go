@@ -585,6 +585,8 @@ func TestBadRequests(t *testing.T) {
 		{"malformed resourceVersion", client.WatchOptions{Resource: configMaps}, "yesterday", codes.InvalidArgument, "resume_resource_version"},
 		{"missing resource", client.WatchOptions{}, "", codes.InvalidArgument, "resource"},
 		{"bad namespace", client.WatchOptions{Resource: configMaps, Namespace: "Not_A_Namespace"}, "", codes.InvalidArgument, "namespace"},
+		{"kind and resource", client.WatchOptions{Resource: configMaps, Kind: "ConfigMap"}, "", codes.InvalidArgument, "both set"},
+		{"unknown kind", client.WatchOptions{Kind: "Pineapple"}, "", codes.NotFound, "Pineapple"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

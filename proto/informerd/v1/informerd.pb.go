@@ -234,8 +234,12 @@ type WatchRequest struct {
 	// yet (a CustomResourceDefinition about to be created) instead of failing
 	// with NOT_FOUND.
 	WaitForResource bool `protobuf:"varint,8,opt,name=wait_for_resource,json=waitForResource,proto3" json:"wait_for_resource,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// kind names the resource by kind (for example "Deployment", with
+	// resource.group "apps") instead of resource.resource, which must then be
+	// empty; an empty resource.version means the server's preferred version.
+	Kind          string `protobuf:"bytes,9,opt,name=kind,proto3" json:"kind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
@@ -322,6 +326,13 @@ func (x *WatchRequest) GetWaitForResource() bool {
 		return x.WaitForResource
 	}
 	return false
+}
+
+func (x *WatchRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
 }
 
 // WatchResponse carries the events that were ready together, in order.
@@ -665,7 +676,7 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x14GroupVersionResource\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1a\n" +
-	"\bresource\x18\x03 \x01(\tR\bresource\"\xe7\x02\n" +
+	"\bresource\x18\x03 \x01(\tR\bresource\"\xfb\x02\n" +
 	"\fWatchRequest\x12>\n" +
 	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -675,7 +686,8 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x17resume_resource_version\x18\x06 \x01(\tR\x15resumeResourceVersion\x12\x1f\n" +
 	"\vclient_name\x18\a \x01(\tR\n" +
 	"clientName\x12*\n" +
-	"\x11wait_for_resource\x18\b \x01(\bR\x0fwaitForResource\"<\n" +
+	"\x11wait_for_resource\x18\b \x01(\bR\x0fwaitForResource\x12\x12\n" +
+	"\x04kind\x18\t \x01(\tR\x04kind\"<\n" +
 	"\rWatchResponse\x12+\n" +
 	"\x06events\x18\x01 \x03(\v2\x13.informerd.v1.EventR\x06events\"w\n" +
 	"\x05Event\x12+\n" +
