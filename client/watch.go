@@ -196,19 +196,11 @@ func (w *Watcher) apply(ev *informerdv1.Event, snap map[string]*unstructured.Uns
 		}
 		return snap, nil
 	}
-	old := w.store[k]
 	switch ev.GetType() {
 	case informerdv1.EventType_EVENT_TYPE_ADDED, informerdv1.EventType_EVENT_TYPE_MODIFIED:
-		switch {
-		case old == nil:
-			w.store[k] = obj
-			w.h.OnAdd(obj)
-		case old.GetResourceVersion() != obj.GetResourceVersion():
-			w.store[k] = obj
-			w.h.OnUpdate(old, obj)
-		}
+		w.upsert(k, obj)
 	case informerdv1.EventType_EVENT_TYPE_DELETED:
-		if old != nil {
+		if _, ok := w.store[k]; ok {
 			delete(w.store, k)
 			w.h.OnDelete(obj)
 		}
@@ -229,15 +221,21 @@ func (w *Watcher) replace(snap map[string]*unstructured.Unstructured) {
 		}
 	}
 	for k, obj := range snap {
-		old := w.store[k]
-		switch {
-		case old == nil:
-			w.store[k] = obj
-			w.h.OnAdd(obj)
-		case old.GetResourceVersion() != obj.GetResourceVersion():
-			w.store[k] = obj
-			w.h.OnUpdate(old, obj)
-		}
+		w.upsert(k, obj)
+	}
+}
+
+// upsert stores obj and tells the handler, unless the store already has
+// that resourceVersion (a duplicate).
+func (w *Watcher) upsert(k string, obj *unstructured.Unstructured) {
+	old := w.store[k]
+	switch {
+	case old == nil:
+		w.store[k] = obj
+		w.h.OnAdd(obj)
+	case old.GetResourceVersion() != obj.GetResourceVersion():
+		w.store[k] = obj
+		w.h.OnUpdate(old, obj)
 	}
 }
 
