@@ -226,13 +226,23 @@ func (m *Manager) resolve(ctx context.Context, req Request) (Key, schema.GroupVe
 	}
 	switch m.opts.Scope {
 	case ScopeNamespace:
-		key.Namespace = req.Namespace
+		if !m.running(key) { // a running cluster-wide Source serves it already
+			key.Namespace = req.Namespace
+		}
 	case ScopeAutomatic:
 		if !m.mayWatchCluster(ctx, key.GVR) {
 			key.Namespace = req.Namespace
 		}
 	}
 	return key, gvk, nil
+}
+
+// running reports whether a Source for key runs and can serve.
+func (m *Manager) running(key Key) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.sources[key]
+	return e != nil && !e.src.stopped()
 }
 
 // discoveryRetry is how often a request waiting for its resource rereads

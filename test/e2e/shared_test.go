@@ -627,3 +627,33 @@ func TestUpstreamUnavailable(t *testing.T) {
 		t.Fatalf("got %v, want Unavailable with the upstream cause (forbidden)", err)
 	}
 }
+
+// TestNamespaceScopeStrategy: under the namespace strategy each namespace
+// costs a watch, until a cluster-wide Source runs: it then serves new
+// namespaced requests by filtering.
+func TestNamespaceScopeStrategy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dyn := dynamic.NewForConfigOrDie(env.RESTConfig())
+	gvr := schema.GroupVersionResource{Group: "scope.informerd.dev", Version: "v1", Resource: "scopers"}
+	createCRD(ctx, t, dyn, gvr, "Scoper")
+	nss := []string{createNamespace(ctx, t, "scope-a"), createNamespace(ctx, t, "scope-b"), createNamespace(ctx, t, "scope-c")}
+	d := startDaemon(t, cache.Options{Scope: cache.ScopeNamespace})
+	start := func(ns string) {
+		r := newRecorder()
+		runWatcher(t, d.dial(t), client.WatchOptions{Resource: gvr, Namespace: ns, ClientName: "scoped-" + ns}, r)
+		<-r.synced
+	}
+	start(nss[0])
+	start(nss[1])
+	eventually(ctx, t, "one watch per namespace", func() bool { return upstreamWatches(ctx, t, gvr) == 2 })
+	start("")
+	eventually(ctx, t, "plus a cluster-wide watch", func() bool { return upstreamWatches(ctx, t, gvr) == 3 })
+	start(nss[2])
+	if got := upstreamWatches(ctx, t, gvr); got != 3 {
+		t.Fatalf("a new namespace caused a watch of its own (%d) although a cluster-wide one runs", got)
+	}
+	if n := len(d.mgr.Sources()); n != 3 {
+		t.Fatalf("daemon runs %d sources, want 3", n)
+	}
+}
