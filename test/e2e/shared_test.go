@@ -299,7 +299,8 @@ func TestResume(t *testing.T) {
 			for i := range 4 {
 				createConfigMap(ctx, t, ns, fmt.Sprintf("cm%d", i), nil)
 			}
-			d := startDaemon(t, cache.Options{Log: tc.limits})
+			// Namespace scope: other tests' churn stays out of this log.
+			d := startDaemon(t, cache.Options{Log: tc.limits, Scope: cache.ScopeNamespace})
 			c := d.dial(t)
 			opts := client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "resumer"}
 			s, err := c.Stream(ctx, opts, "")
@@ -386,7 +387,8 @@ func TestResetGivesHandlersOnlyNetChanges(t *testing.T) {
 		createConfigMap(ctx, t, ns, fmt.Sprintf("cm%d", i), nil)
 	}
 	// A daemon with a one-event log: any reconnect after two changes is a RESET.
-	d1 := startDaemon(t, cache.Options{Log: cache.LogLimits{MaxEvents: 1, MinAge: -1, MaxTombstones: 1}})
+	// Namespace scope: other tests' churn stays out of this log.
+	d1 := startDaemon(t, cache.Options{Scope: cache.ScopeNamespace, Log: cache.LogLimits{MaxEvents: 1, MinAge: -1, MaxTombstones: 1}})
 	r := newRecorder()
 	c := d1.dial(t)
 	ctxW, stopW := context.WithCancel(ctx)

@@ -147,6 +147,15 @@ func createNamespace(ctx context.Context, t *testing.T, prefix string) string {
 	t.Cleanup(func() {
 		_ = admin.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
 	})
+	// kube-controller-manager publishes kube-root-ca.crt into every new
+	// namespace; wait for it, so that it is not a surprise event later.
+	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := admin.CoreV1().ConfigMaps(ns.Name).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("kube-root-ca.crt never appeared in namespace %s", ns.Name)
+	}
 	return ns.Name
 }
 
