@@ -189,3 +189,24 @@ func TestFrameEncodesOnce(t *testing.T) {
 		t.Fatalf("encode ran %d times for 2 views, want 2", calls)
 	}
 }
+
+func TestWithTypeMeta(t *testing.T) {
+	tm := []byte(`{"apiVersion":"v1","kind":"ConfigMap",`)
+	tests := []struct{ in, want string }{
+		{`{"metadata":{"name":"a"}}`, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}`},
+		{` { "metadata":{}}`, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{}}`},
+		{`{}`, `{"apiVersion":"v1","kind":"ConfigMap"}`},
+		{`{"kind":"Other","apiVersion":"x/v1"}`, `{"kind":"Other","apiVersion":"x/v1"}`},
+	}
+	for _, tt := range tests {
+		got, err := withTypeMeta([]byte(tt.in), tm)
+		if err != nil || string(got) != tt.want {
+			t.Errorf("withTypeMeta(%s) = %s, %v; want %s", tt.in, got, err, tt.want)
+		}
+		if err == nil {
+			if _, err := decodeObject(got, true); err != nil {
+				t.Errorf("result %s does not decode: %v", got, err)
+			}
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"strconv"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -81,13 +82,21 @@ func (u *restUpstream) list(ctx context.Context) ([]*Object, string, error) {
 			return nil, "", err
 		}
 		var page struct {
-			Metadata metav1.ListMeta   `json:"metadata"`
-			Items    []json.RawMessage `json:"items"`
+			APIVersion string            `json:"apiVersion"`
+			Kind       string            `json:"kind"`
+			Metadata   metav1.ListMeta   `json:"metadata"`
+			Items      []json.RawMessage `json:"items"`
 		}
 		if err := json.Unmarshal(body, &page); err != nil {
 			return nil, "", fmt.Errorf("decoding list of %s: %w", u.path, err)
 		}
+		// The items of a list omit apiVersion and kind: they are the list's.
+		itemType := []byte(fmt.Sprintf(`{"apiVersion":%q,"kind":%q,`, page.APIVersion, strings.TrimSuffix(page.Kind, "List")))
 		for _, raw := range page.Items {
+			raw, err := withTypeMeta(raw, itemType)
+			if err != nil {
+				return nil, "", fmt.Errorf("decoding list of %s: %w", u.path, err)
+			}
 			o, err := decodeObject(raw, u.stripMF)
 			if err != nil {
 				return nil, "", err
@@ -216,6 +225,28 @@ func (w *jsonWatchStream) next() (EventType, *Object, string, error) {
 		return 0, nil, "", err
 	}
 	return t, obj, obj.ResourceVersion, nil
+}
+
+// withTypeMeta returns raw with apiVersion and kind prepended from
+// typeMeta (`{"apiVersion":...,"kind":...,`) unless it has a kind already.
+func withTypeMeta(raw, typeMeta []byte) ([]byte, error) {
+	var h struct {
+		Kind string `json:"kind"`
+	}
+	if err := json.Unmarshal(raw, &h); err != nil {
+		return nil, err
+	}
+	raw = bytes.TrimLeft(raw, " \t\r\n")
+	if h.Kind != "" || len(raw) < 2 || raw[0] != '{' {
+		return raw, nil
+	}
+	rest := bytes.TrimLeft(raw[1:], " \t\r\n")
+	out := make([]byte, 0, len(typeMeta)+len(raw))
+	out = append(out, typeMeta...)
+	if len(rest) > 0 && rest[0] == '}' { // an empty object
+		return append(out[:len(out)-1], rest...), nil
+	}
+	return append(out, rest...), nil
 }
 
 // decodeObject reads the metadata of one JSON object and, if strip is set,

@@ -83,6 +83,10 @@ type Watcher struct {
 	resume string // "" until the first snapshot completes
 	synced bool   // OnSynced was called
 
+	// OnError, if set before Run, is called with every error that ends a
+	// stream before Run reconnects (a terminal one is returned instead).
+	OnError func(error)
+
 	// Stats, for tests and tools; read them after Run returns.
 	Connects, Resets int
 }
@@ -119,6 +123,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 		}
 		if terminal(err) {
 			return err
+		}
+		if w.OnError != nil {
+			w.OnError(err)
 		}
 		if progressed {
 			delay = w.backoff.Initial

@@ -267,6 +267,10 @@ func (cp *ControlPlane) StartAPIServer(ctx context.Context) error {
 	return cp.waitAPIServer(ctx)
 }
 
+// Owned reports whether this ControlPlane started its processes (Start)
+// rather than attaching to a running cluster (Attach).
+func (cp *ControlPlane) Owned() bool { return cp.pki != nil }
+
 func (cp *ControlPlane) find(name string) *process {
 	for _, p := range cp.procs {
 		if p.name == name {

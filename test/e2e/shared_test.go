@@ -91,6 +91,7 @@ func runWatcher(t *testing.T, c *client.Client, opts client.WatchOptions, h clie
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	w := client.NewWatcher(c, opts, h, client.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond})
+	w.OnError = func(err error) { t.Logf("watcher %s reconnects after: %v", opts.ClientName, err) }
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	t.Cleanup(func() {

@@ -1,0 +1,141 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/informerd/informerd/cache"
+	"github.com/informerd/informerd/client"
+)
+
+// startWatchers runs n Watchers of ConfigMaps in ns against socket and
+// waits until each has synced.
+func startWatchers(ctx context.Context, t *testing.T, socket, ns string, n int) ([]*recorder, []*client.Watcher) {
+	t.Helper()
+	recs := make([]*recorder, n)
+	ws := make([]*client.Watcher, n)
+	for i := range n {
+		c, err := client.Dial(socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		recs[i] = newRecorder()
+		ws[i] = runWatcher(t, c, client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: fmt.Sprintf("w%d", i)}, recs[i])
+	}
+	for _, r := range recs {
+		select {
+		case <-r.synced:
+		case <-ctx.Done():
+			t.Fatal("a watcher never synced")
+		}
+	}
+	return recs, ws
+}
+
+// converge waits until every recorder holds exactly want, the API
+// server's state (same objects, same resourceVersions).
+func converge(ctx context.Context, t *testing.T, want map[string]string, recs []*recorder) {
+	t.Helper()
+	for i, r := range recs {
+		r.waitFor(ctx, t, fmt.Sprintf("watcher %d converges on the API server's state", i), func(m map[string]string) bool {
+			return maps.Equal(m, want)
+		})
+	}
+}
+
+// TestAPIServerRestart: kube-apiserver restarts while clients stream and
+// objects change. The daemon re-establishes its watch (relisting and
+// diffing if its position is gone); clients see no RESET and converge.
+func TestAPIServerRestart(t *testing.T) {
+	if !env.Owned() {
+		t.Skip("needs a control plane this test binary started")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := createNamespace(ctx, t, "apirestart")
+	cms := kubernetes.NewForConfigOrDie(env.RESTConfig()).CoreV1().ConfigMaps(ns)
+	for i := range 10 {
+		createConfigMap(ctx, t, ns, fmt.Sprintf("cm%d", i), nil)
+	}
+	d := startDaemon(t, cache.Options{Scope: cache.ScopeNamespace})
+	recs, ws := startWatchers(ctx, t, d.socket, ns, 5)
+
+	env.StopAPIServer()
+	if err := env.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		cm, err := cms.Get(ctx, fmt.Sprintf("cm%d", i), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cm.Data = map[string]string{"after": "restart"}
+		if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cms.Delete(ctx, "cm9", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createConfigMap(ctx, t, ns, "born-after-restart", nil)
+	converge(ctx, t, listState(ctx, t, configMaps, ns), recs)
+	for i, r := range recs {
+		_, evs, _ := r.snapshot()
+		// 10 (+kube-root-ca.crt) initial adds, then 5 updates, 1 delete, 1 add.
+		if got := len(evs) - 11; got != 7 {
+			t.Errorf("watcher %d saw %d changes after its snapshot, want the 7 real ones: %v", i, got, evs[11:])
+		}
+	}
+	t.Cleanup(func() {
+		for i, w := range ws {
+			if w.Resets != 0 {
+				t.Errorf("watcher %d saw %d RESETs: an upstream restart must not reach clients as a RESET", i, w.Resets)
+			}
+		}
+	})
+}
+
+// TestDaemonRestartWithManyClients: the daemon restarts under 50 clients.
+// They reconnect with backoff and resume or receive a snapshot that their
+// stores diff, so their handlers see only the real changes; the API server
+// sees one LIST for the daemon's one Source, not one per client.
+func TestDaemonRestartWithManyClients(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := createNamespace(ctx, t, "restart")
+	cms := kubernetes.NewForConfigOrDie(env.RESTConfig()).CoreV1().ConfigMaps(ns)
+	for i := range 10 {
+		createConfigMap(ctx, t, ns, fmt.Sprintf("cm%d", i), nil)
+	}
+	socket := filepath.Join(t.TempDir(), "informerd.sock")
+	opts := cache.Options{Scope: cache.ScopeNamespace, DisableWatchList: true}
+	d := startDaemonAt(t, socket, opts)
+	recs, _ := startWatchers(ctx, t, socket, ns, 50)
+
+	d.stop()
+	if err := cms.Delete(ctx, "cm0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createConfigMap(ctx, t, ns, "while-down", nil)
+	want := listState(ctx, t, configMaps, ns)
+	listsBefore := upstreamLists(ctx, t, configMaps)
+	startDaemonAt(t, socket, opts)
+	converge(ctx, t, want, recs)
+	if got := upstreamLists(ctx, t, configMaps) - listsBefore; got != 1 {
+		t.Errorf("50 clients reconnecting caused %d LISTs of configmaps, want 1", got)
+	}
+	for i, r := range recs {
+		_, evs, _ := r.snapshot()
+		if after := evs[11:]; len(after) != 2 {
+			t.Errorf("watcher %d saw %v after the restart, want only the deletion of cm0 and the new object", i, after)
+		}
+	}
+}
