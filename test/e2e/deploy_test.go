@@ -30,7 +30,9 @@ func TestDeployManifestsAreValid(t *testing.T) {
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "informerd"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), "informerd", metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = admin.CoreV1().Namespaces().Delete(context.Background(), "informerd", metav1.DeleteOptions{})
+	})
 	_, self, _, _ := runtime.Caller(0)
 	deploy := filepath.Join(filepath.Dir(self), "..", "..", "deploy")
 	out, err := exec.CommandContext(ctx, filepath.Join(bin, "kubectl"), "--kubeconfig", env.KubeconfigPath,
