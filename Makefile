@@ -24,8 +24,20 @@ controlplane: ## Build the test control plane (cached outside the clone; ~15 min
 	@test/controlplane/build.sh >/dev/null
 
 .PHONY: test
-test: controlplane ## Run every test (unit and e2e) with -race; builds the control plane if needed.
+test: controlplane ## Run every test (unit and e2e) with -race, then each fuzz target briefly; builds the control plane if needed.
 	$(GO) test -race -count=1 -timeout=30m $(TEST_FLAGS) ./...
+	$(MAKE) --no-print-directory fuzz
+
+# FUZZTIME is how long `make fuzz` runs each fuzz target.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := ./cache:FuzzDecodeObject ./daemon:FuzzValidateWatch
+
+.PHONY: fuzz
+fuzz: ## Run each fuzz target for FUZZTIME (default 10s).
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} ($${t%%:*}) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}" || exit 1; \
+	done
 
 .PHONY: test-unit
 test-unit: ## Run the unit tests only (no control plane).
