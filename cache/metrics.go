@@ -40,19 +40,21 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 type sourceCollector struct{ m *Manager }
 
 var (
-	descRefs = prometheus.NewDesc("informerd_source_refs", "Subscriptions holding the informers of a resource.", []string{"resource"}, nil)
-	descLog  = prometheus.NewDesc("informerd_log_events", "Events held in the event logs of a resource's informers.", []string{"resource"}, nil)
-	descLag  = prometheus.NewDesc("informerd_subscriber_lag_events_max", "Events the slowest subscriber of a resource is behind.", []string{"resource"}, nil)
+	descRefs  = prometheus.NewDesc("informerd_source_refs", "Subscriptions holding the informers of a resource.", []string{"resource"}, nil)
+	descLog   = prometheus.NewDesc("informerd_log_events", "Events held in the event logs of a resource's informers.", []string{"resource"}, nil)
+	descLag   = prometheus.NewDesc("informerd_subscriber_lag_events_max", "Events the slowest subscriber of a resource is behind.", []string{"resource"}, nil)
+	descStale = prometheus.NewDesc("informerd_sources_stale", "Informers of a resource serving their last state while the API server is unreachable.", []string{"resource"}, nil)
 )
 
 func (c sourceCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descRefs
 	ch <- descLog
 	ch <- descLag
+	ch <- descStale
 }
 
 func (c sourceCollector) Collect(ch chan<- prometheus.Metric) {
-	type agg struct{ refs, log, lag float64 }
+	type agg struct{ refs, log, lag, stale float64 }
 	by := map[string]*agg{}
 	for _, s := range c.m.Sources() {
 		r := s.Key.GVR.GroupResource().String()
@@ -64,10 +66,14 @@ func (c sourceCollector) Collect(ch chan<- prometheus.Metric) {
 		a.refs += float64(s.RefCount)
 		a.log += float64(s.LogEvents)
 		a.lag = max(a.lag, float64(s.MaxLagEvents))
+		if s.State == StateStale {
+			a.stale++
+		}
 	}
 	for r, a := range by {
 		ch <- prometheus.MustNewConstMetric(descRefs, prometheus.GaugeValue, a.refs, r)
 		ch <- prometheus.MustNewConstMetric(descLog, prometheus.GaugeValue, a.log, r)
 		ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, a.lag, r)
+		ch <- prometheus.MustNewConstMetric(descStale, prometheus.GaugeValue, a.stale, r)
 	}
 }

@@ -254,6 +254,7 @@ func (s *Source) watch(ctx context.Context, from string, rv *string) error {
 		return err
 	}
 	defer w.close()
+	s.setErr(nil) // the API server answers again: no longer stale
 	for {
 		t, obj, evRV, err := w.next()
 		if err != nil {
@@ -267,12 +268,20 @@ func (s *Source) watch(ctx context.Context, from string, rv *string) error {
 	}
 }
 
+// setErr records the latest upstream error, or a success (nil): a synced
+// Source is stale while its upstream fails.
 func (s *Source) setErr(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err == nil && s.lastErr == nil {
+		return
+	}
 	s.lastErr = err
 	if s.synced {
 		s.state = StateStale
+		if err == nil {
+			s.state = StateSynced
+		}
 	}
 	s.broadcastLocked()
 }

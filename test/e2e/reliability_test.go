@@ -4,15 +4,20 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/informerd/informerd/cache"
 	"github.com/informerd/informerd/client"
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
 // startWatchers runs n Watchers of ConfigMaps in ns against socket and
@@ -138,4 +143,99 @@ func TestDaemonRestartWithManyClients(t *testing.T) {
 			t.Errorf("watcher %d saw %v after the restart, want only the deletion of cm0 and the new object", i, after)
 		}
 	}
+}
+
+// TestAPIServerDown: while kube-apiserver is down the daemon keeps serving
+// what it has (a new client still gets a snapshot), reports the informer
+// stale (introspection and metrics), backs off instead of looping, and
+// recovers; clients converge without a RESET.
+func TestAPIServerDown(t *testing.T) {
+	if !env.Owned() {
+		t.Skip("needs a control plane this test binary started")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := createNamespace(ctx, t, "apidown")
+	for i := range 5 {
+		createConfigMap(ctx, t, ns, fmt.Sprintf("cm%d", i), nil)
+	}
+	reg := prometheus.NewRegistry()
+	d := startDaemon(t, cache.Options{Scope: cache.ScopeNamespace, Registerer: reg})
+	recs, ws := startWatchers(ctx, t, d.socket, ns, 3)
+
+	env.StopAPIServer()
+	downAt := time.Now()
+	watchesAtStop := gauge(t, reg, "informerd_upstream_watches_total")
+	eventually(ctx, t, "informer marked stale", func() bool {
+		src := d.mgr.Sources()
+		return len(src) == 1 && src[0].State == cache.StateStale && gauge(t, reg, "informerd_sources_stale") == 1
+	})
+	// Still serving: a new client gets the last known state and SYNCED.
+	s, err := d.dial(t).Stream(ctx, client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "during-outage"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	synced := false
+	for !synced {
+		evs, err := s.Recv()
+		if err != nil {
+			t.Fatalf("a client during the outage: %v", err)
+		}
+		for _, ev := range evs {
+			synced = synced || ev.GetType() == informerdv1.EventType_EVENT_TYPE_SYNCED
+		}
+	}
+	s.Close()
+
+	// Stay down for outage (10 s, or $INFORMERD_E2E_OUTAGE), then count the
+	// watch attempts: backoff from 0.8 s doubling, so a handful, not a loop.
+	outage := 10 * time.Second
+	if v := os.Getenv("INFORMERD_E2E_OUTAGE"); v != "" {
+		if outage, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("INFORMERD_E2E_OUTAGE: %v", err)
+		}
+	}
+	time.Sleep(time.Until(downAt.Add(outage))) // the outage itself is what is tested
+	attempts := gauge(t, reg, "informerd_upstream_watches_total") - watchesAtStop
+	maxAttempts := 2 + math.Log2(outage.Seconds()/0.8)*2
+	t.Logf("%d watch attempts during a %s outage (bound %.0f)", int(attempts), outage, maxAttempts)
+	if attempts < 1 || attempts > maxAttempts {
+		t.Errorf("%v watch attempts during a %s outage, want between 1 and %.0f (jittered exponential backoff)", attempts, outage, maxAttempts)
+	}
+
+	if err := env.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	createConfigMap(ctx, t, ns, "after-outage", nil)
+	converge(ctx, t, listState(ctx, t, configMaps, ns), recs)
+	eventually(ctx, t, "informer synced again", func() bool {
+		src := d.mgr.Sources()
+		return len(src) == 1 && src[0].State == cache.StateSynced && gauge(t, reg, "informerd_sources_stale") == 0
+	})
+	t.Cleanup(func() {
+		for i, w := range ws {
+			if w.Resets != 0 {
+				t.Errorf("watcher %d saw %d RESETs after an outage", i, w.Resets)
+			}
+		}
+	})
+}
+
+// gauge sums the samples of a metric in reg.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			total += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	return total
 }
