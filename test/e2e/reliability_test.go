@@ -121,7 +121,8 @@ func TestDaemonRestartWithManyClients(t *testing.T) {
 		createConfigMap(ctx, t, ns, fmt.Sprintf("cm%d", i), nil)
 	}
 	socket := filepath.Join(t.TempDir(), "informerd.sock")
-	opts := cache.Options{Scope: cache.ScopeNamespace, DisableWatchList: true}
+	// Cluster scope: the daemon's LIST is the only cluster-wide one.
+	opts := cache.Options{Scope: cache.ScopeCluster, DisableWatchList: true}
 	d := startDaemonAt(t, socket, opts)
 	recs, _ := startWatchers(ctx, t, socket, ns, 50)
 
