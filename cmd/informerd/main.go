@@ -74,7 +74,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.lingerTTL, "linger-ttl", 2*time.Minute, "how long an unused informer keeps running before it is stopped")
 	fs.IntVar(&c.logMaxEvents, "log-max-events", 10000, "events each informer's log keeps once they are older than -log-min-age")
 	fs.Int64Var(&c.logMaxBytes, "log-max-bytes", 64<<20, "object bytes each informer's log may hold")
-	fs.DurationVar(&c.logMinAge, "log-min-age", 30*time.Second, "events younger than this stay in the log past -log-max-events")
+	fs.DurationVar(&c.logMinAge, "log-min-age", 30*time.Second, "events younger than this stay in the log past -log-max-events; 0: no floor")
 	fs.BoolVar(&c.keepManaged, "keep-managed-fields", false, "keep metadata.managedFields in served objects")
 	fs.BoolVar(&c.disableWatchLst, "disable-watch-list", false, "list with LIST instead of WatchList streaming")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
@@ -141,9 +141,13 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	minAge := c.logMinAge
+	if minAge == 0 {
+		minAge = -1 // cache.LogLimits: negative is none, zero the default
+	}
 	mgr, err := cache.NewManager(cache.Options{
 		Config: restCfg, Scope: cache.ScopeStrategy(c.scope), LingerTTL: c.lingerTTL,
-		Log:               cache.LogLimits{MaxEvents: c.logMaxEvents, MaxBytes: c.logMaxBytes, MinAge: c.logMinAge},
+		Log:               cache.LogLimits{MaxEvents: c.logMaxEvents, MaxBytes: c.logMaxBytes, MinAge: minAge},
 		KeepManagedFields: c.keepManaged, DisableWatchList: c.disableWatchLst,
 		Logger: log, Registerer: reg,
 	})

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -239,4 +240,33 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return total
+}
+
+// TestDaemonKilled: kill -9 of the informerd process under clients; a new
+// process on the same socket (the stale socket file is replaced) serves
+// them again and their handlers see only the real changes.
+func TestDaemonKilled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := createNamespace(ctx, t, "killed")
+	cms := kubernetes.NewForConfigOrDie(env.RESTConfig()).CoreV1().ConfigMaps(ns)
+	for i := range 5 {
+		createConfigMap(ctx, t, ns, fmt.Sprintf("cm%d", i), nil)
+	}
+	d := startDaemonProcess(t, filepath.Join(t.TempDir(), "informerd.sock"), "-scope", "namespace")
+	recs, _ := startWatchers(ctx, t, d.socket, ns, 10)
+
+	d.signal(syscall.SIGKILL)
+	if err := cms.Delete(ctx, "cm0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createConfigMap(ctx, t, ns, "while-dead", nil)
+	d.start()
+	converge(ctx, t, listState(ctx, t, configMaps, ns), recs)
+	for i, r := range recs {
+		_, evs, _ := r.snapshot()
+		if after := evs[6:]; len(after) != 2 {
+			t.Errorf("watcher %d saw %v after the restart, want only the deletion of cm0 and the new object", i, after)
+		}
+	}
 }
