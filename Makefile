@@ -30,7 +30,7 @@ test: controlplane ## Run every test (unit and e2e) with -race, then each fuzz t
 
 # FUZZTIME is how long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := ./cache:FuzzDecodeObject ./daemon:FuzzValidateWatch
+FUZZ_TARGETS := ./cache:FuzzDecodeObject ./daemon:FuzzValidateWatch ./client:FuzzWatcherApply
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s).

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
@@ -116,3 +117,38 @@ func normalize(calls []string) []string {
 }
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// FuzzWatcherApply: whatever bytes arrive as a WatchResponse, the Watcher
+// applies them or returns an error; it never panics, and its store only
+// holds objects it handed to the handler.
+func FuzzWatcherApply(f *testing.F) {
+	for _, r := range []*informerdv1.WatchResponse{
+		{Events: []*informerdv1.Event{ev(added, "a", "1"), ev(synced, "", "1"), ev(modified, "a", "2")}},
+		{Events: []*informerdv1.Event{ev(reset, "", ""), ev(added, "b", "3"), ev(synced, "", "3"), ev(deleted, "b", "4")}},
+		{Events: []*informerdv1.Event{{Type: added, Object: []byte(`{"kind":`)}, {Type: 99}}},
+	} {
+		b, err := proto.Marshal(r)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		resp := &informerdv1.WatchResponse{}
+		if proto.Unmarshal(b, resp) != nil {
+			return
+		}
+		h := &logHandler{}
+		w := NewWatcher(nil, WatchOptions{}, h, Backoff{})
+		var snap map[string]*unstructured.Unstructured
+		for _, e := range resp.GetEvents() {
+			var err error
+			if snap, err = w.apply(e, snap); err != nil {
+				return
+			}
+		}
+		if len(w.store) > len(h.calls) {
+			t.Fatalf("store holds %d objects after %d handler calls", len(w.store), len(h.calls))
+		}
+	})
+}

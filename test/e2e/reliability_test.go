@@ -7,12 +7,15 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -54,6 +57,7 @@ func converge(ctx context.Context, t *testing.T, want map[string]string, recs []
 		r.waitFor(ctx, t, fmt.Sprintf("watcher %d converges on the API server's state", i), func(m map[string]string) bool {
 			return maps.Equal(m, want)
 		})
+		r.checkUnmutated(t)
 	}
 }
 
@@ -71,7 +75,8 @@ func TestAPIServerRestart(t *testing.T) {
 	for i := range 10 {
 		createConfigMap(ctx, t, ns, fmt.Sprintf("cm%d", i), nil)
 	}
-	d := startDaemon(t, cache.Options{Scope: cache.ScopeNamespace})
+	reg := prometheus.NewRegistry()
+	d := startDaemon(t, cache.Options{Scope: cache.ScopeNamespace, Registerer: reg})
 	recs, ws := startWatchers(ctx, t, d.socket, ns, 5)
 
 	env.StopAPIServer()
@@ -93,6 +98,11 @@ func TestAPIServerRestart(t *testing.T) {
 	}
 	createConfigMap(ctx, t, ns, "born-after-restart", nil)
 	converge(ctx, t, listState(ctx, t, configMaps, ns), recs)
+	// A fresh API server's watch cache starts past the daemon's position:
+	// the daemon got 410 Gone and relisted, and published the difference.
+	if n := gauge(t, reg, "informerd_upstream_relists_total"); n < 1 {
+		t.Errorf("the daemon did not relist after the API server restarted (%v relists)", n)
+	}
 	for i, r := range recs {
 		_, evs, _ := r.snapshot()
 		// 10 (+kube-root-ca.crt) initial adds, then 5 updates, 1 delete, 1 add.
@@ -269,4 +279,88 @@ func TestDaemonKilled(t *testing.T) {
 			t.Errorf("watcher %d saw %v after the restart, want only the deletion of cm0 and the new object", i, after)
 		}
 	}
+}
+
+// TestChurningClients: clients that connect and leave in a loop, many at
+// once on the same Key, while objects change: one reflector throughout,
+// the ref count returns to the steady clients', the steady clients
+// converge (goleak checks the goroutines at the end of the package).
+func TestChurningClients(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := createNamespace(ctx, t, "churn")
+	cms := kubernetes.NewForConfigOrDie(env.RESTConfig()).CoreV1().ConfigMaps(ns)
+	reg := prometheus.NewRegistry()
+	d := startDaemon(t, cache.Options{Scope: cache.ScopeNamespace, Registerer: reg})
+	steady, _ := startWatchers(ctx, t, d.socket, ns, 3)
+
+	stopWrites := make(chan struct{})
+	writes := make(chan error, 1)
+	go func() { // ends when stopWrites closes
+		for i := 0; ; i++ {
+			select {
+			case <-stopWrites:
+				writes <- nil
+				return
+			default:
+			}
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("c%d", i%20)}, Data: map[string]string{"i": fmt.Sprint(i)}}
+			if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); apierrors.IsNotFound(err) {
+				_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+			} else if err != nil {
+				writes <- err
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for g := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := client.Dial(d.socket)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			for range 10 {
+				s, err := c.Stream(ctx, client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: fmt.Sprintf("churn-%d", g)}, "")
+				if err != nil {
+					errs <- err
+					return
+				}
+				for synced := false; !synced; {
+					evs, err := s.Recv()
+					if err != nil {
+						s.Close()
+						errs <- err
+						return
+					}
+					for _, ev := range evs {
+						synced = synced || ev.GetType() == informerdv1.EventType_EVENT_TYPE_SYNCED
+					}
+				}
+				s.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	close(stopWrites)
+	if err := <-writes; err != nil {
+		t.Fatal(err)
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	eventually(ctx, t, "ref count back to the 3 steady clients", func() bool {
+		src := d.mgr.Sources()
+		return len(src) == 1 && src[0].RefCount == 3
+	})
+	if w := gauge(t, reg, "informerd_upstream_watches_total"); w != 1 {
+		t.Fatalf("200 connections opened %v upstream watches, want 1", w)
+	}
+	converge(ctx, t, listState(ctx, t, configMaps, ns), steady)
 }

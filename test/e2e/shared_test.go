@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,6 +39,9 @@ type recorder struct {
 	mu      sync.Mutex        // guards the fields below
 	objects map[string]string // key -> resourceVersion
 	events  []string
+	// handed keeps every object handed to the handler with a deep copy
+	// taken then: the library must never modify them afterwards.
+	handed  [][2]*unstructured.Unstructured
 	synced  chan struct{}
 	changed chan struct{} // closed and replaced on every event
 }
@@ -56,6 +60,7 @@ func (r *recorder) record(ev string, obj *unstructured.Unstructured, del bool) {
 		r.objects[k] = obj.GetResourceVersion()
 	}
 	r.events = append(r.events, ev+" "+k)
+	r.handed = append(r.handed, [2]*unstructured.Unstructured{obj, obj.DeepCopy()})
 	close(r.changed)
 	r.changed = make(chan struct{})
 }
@@ -68,6 +73,19 @@ func (r *recorder) snapshot() (map[string]string, []string, chan struct{}) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return maps.Clone(r.objects), slices.Clone(r.events), r.changed
+}
+
+// checkUnmutated fails the test if any object handed to the handler was
+// modified afterwards (the mutation detector).
+func (r *recorder) checkUnmutated(t *testing.T) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, h := range r.handed {
+		if !reflect.DeepEqual(h[0].Object, h[1].Object) {
+			t.Fatalf("an object handed to the handler was modified afterwards:\nhanded: %v\nnow:    %v", h[1].Object, h[0].Object)
+		}
+	}
 }
 
 // waitFor waits until the recorder's objects satisfy cond.
