@@ -58,6 +58,10 @@ type Options struct {
 	KeepManagedFields bool
 	// PageSize is the LIST page size. Default 500.
 	PageSize int64
+	// UpstreamTimeout bounds each LIST page and how long a watch may bring
+	// nothing before it is abandoned and re-opened (the API server sends a
+	// bookmark about every minute). Default 2m.
+	UpstreamTimeout time.Duration
 	// DisableWatchList lists with LIST instead of WatchList streaming.
 	DisableWatchList bool
 	// Logger. Default slog.Default().
@@ -148,6 +152,9 @@ func NewManager(opts Options) (*Manager, error) {
 	}
 	if opts.PageSize <= 0 {
 		opts.PageSize = 500
+	}
+	if opts.UpstreamTimeout <= 0 {
+		opts.UpstreamTimeout = 2 * time.Minute
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -354,9 +361,10 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder string) (
 	if e == nil {
 		up := &restUpstream{
 			client: m.client, path: collectionPath(key), fieldSel: key.FieldSelector,
-			pageSize: m.opts.PageSize, stripMF: !m.opts.KeepManagedFields, watchList: !m.opts.DisableWatchList,
+			pageSize: m.opts.PageSize, timeout: m.opts.UpstreamTimeout,
+			stripMF: !m.opts.KeepManagedFields, watchList: !m.opts.DisableWatchList,
 		}
-		e = &entry{src: newSource(key, up, m.opts.Log, m.log, m.metrics), holders: map[string]int{}}
+		e = &entry{src: newSource(key, up, m.opts.Log, m.opts.UpstreamTimeout, m.log, m.metrics), holders: map[string]int{}}
 		e.src.apiVersion, e.src.kind = gvk.GroupVersion().String(), gvk.Kind
 		e.src.start(m.ctx)
 		m.sources[key] = e

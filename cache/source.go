@@ -72,11 +72,13 @@ type Source struct {
 	key Key
 	// apiVersion and kind of the resource, for markers.
 	apiVersion, kind string
-	up               upstream
-	log              *slog.Logger
-	hooks            *metrics
-	cancel           context.CancelFunc
-	done             chan struct{} // closed when run returns
+	// idleTimeout bounds how long a watch may bring nothing.
+	idleTimeout time.Duration
+	up          upstream
+	log         *slog.Logger
+	hooks       *metrics
+	cancel      context.CancelFunc
+	done        chan struct{} // closed when run returns
 
 	mu     sync.Mutex // guards the fields below
 	events *eventLog
@@ -92,9 +94,10 @@ type Source struct {
 	subs map[*Subscription]struct{}
 }
 
-func newSource(key Key, up upstream, limits LogLimits, log *slog.Logger, m *metrics) *Source {
+func newSource(key Key, up upstream, limits LogLimits, idleTimeout time.Duration, log *slog.Logger, m *metrics) *Source {
 	return &Source{
-		key: key, up: up, log: log.With("informer", key.String()), hooks: m,
+		idleTimeout: idleTimeout,
+		key:         key, up: up, log: log.With("informer", key.String()), hooks: m,
 		done:   make(chan struct{}),
 		events: newEventLog(limits, time.Now),
 		state:  StateSyncing,
@@ -248,10 +251,16 @@ func (s *Source) run(ctx context.Context) error {
 
 // watch consumes one watch until it ends; *rv tracks the position. A clean
 // end (server timeout) returns nil.
+//
+// A watch that brings nothing (no event, no bookmark; the API server sends
+// a bookmark about every minute) for the idle timeout is abandoned, so that
+// a hung connection costs at most that long.
 func (s *Source) watch(ctx context.Context, from string, rv *string) error {
+	ctx, touch, idle, stop := idleContext(ctx, s.idleTimeout)
+	defer stop()
 	w, err := s.up.watch(ctx, from)
 	if err != nil {
-		return err
+		return idleErr(err, idle)
 	}
 	defer w.close()
 	s.setErr(nil) // the API server answers again: no longer stale
@@ -261,11 +270,34 @@ func (s *Source) watch(ctx context.Context, from string, rv *string) error {
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
-			return err
+			return idleErr(err, idle)
 		}
+		touch()
 		s.publishEvent(t, obj, evRV)
 		*rv = evRV
 	}
+}
+
+// errUpstreamIdle: the API server sent nothing within the idle timeout.
+var errUpstreamIdle = errors.New("no data from the API server within the idle timeout")
+
+// idleContext returns a context that is cancelled once touch has not been
+// called for d, a func that reports whether that happened, and a func that
+// releases it.
+func idleContext(parent context.Context, d time.Duration) (ctx context.Context, touch func(), idle func() bool, stop func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	t := time.AfterFunc(d, func() { cancel(errUpstreamIdle) })
+	return ctx, func() { t.Reset(d) },
+		func() bool { return errors.Is(context.Cause(ctx), errUpstreamIdle) },
+		func() { t.Stop(); cancel(nil) }
+}
+
+// idleErr names the idle timeout as the cause of err when it was.
+func idleErr(err error, idle func() bool) error {
+	if idle() {
+		return fmt.Errorf("%w (%w)", errUpstreamIdle, err)
+	}
+	return err
 }
 
 // setErr records the latest upstream error, or a success (nil): a synced

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,7 +89,7 @@ func startTestSource(t *testing.T, up upstream, limits LogLimits) *Source {
 	if limits.MinAge == 0 {
 		limits.MinAge = -1
 	}
-	s := newSource(Key{}, up, limits, slog.New(slog.DiscardHandler), newMetrics(nil))
+	s := newSource(Key{}, up, limits, time.Hour, slog.New(slog.DiscardHandler), newMetrics(nil))
 	s.start(context.Background())
 	t.Cleanup(s.stop)
 	return s
@@ -234,3 +235,50 @@ func TestSubscribeFailsWhileTheFirstListFails(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestSourceAbandonsIdleWatch: a watch that brings nothing for the idle
+// timeout (a hung connection) is abandoned and re-opened, and the Source
+// is stale meanwhile.
+func TestSourceAbandonsIdleWatch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	up := &fakeUpstream{lists: make(chan fakeList, 1), watches: make(chan chan fakeStep)}
+	up.lists <- fakeList{objs: []*Object{obj("a", "1", nil)}, rv: "1"}
+	s := newSource(Key{}, up, LogLimits{}, 50*time.Millisecond, slog.New(slog.DiscardHandler), newMetrics(nil))
+	s.start(context.Background())
+	defer s.stop()
+	up.watches <- make(chan fakeStep) // a watch that brings nothing
+
+	// Step on the Source's own notifications until it reports stale.
+	for {
+		s.mu.Lock()
+		st, ch := s.state, s.notify
+		msg := ""
+		if s.lastErr != nil {
+			msg = s.lastErr.Error()
+		}
+		s.mu.Unlock()
+		if st == StateStale {
+			if !strings.Contains(msg, errUpstreamIdle.Error()) {
+				t.Fatalf("stale because of %q, want the idle timeout", msg)
+			}
+			break
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Fatal("the hung watch was never abandoned")
+		}
+	}
+	second := make(chan fakeStep, 1)
+	second <- fakeStep{t: Bookmark, rv: "2"}
+	select {
+	case up.watches <- second: // the Source re-opens its watch
+	case <-ctx.Done():
+		t.Fatal("no new watch after the idle one")
+	}
+	sub := subscribe(t, ctx, s, Filter{}, "1")
+	if got := read(t, ctx, sub, 1); got[0] != "BOOKMARK @2" {
+		t.Fatalf("after the new watch: %v", got)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,6 +40,7 @@ type restUpstream struct {
 	path      string // collection path, e.g. /apis/apps/v1/namespaces/ns/deployments
 	fieldSel  string
 	pageSize  int64
+	timeout   time.Duration // per LIST page; idle time of a WatchList
 	stripMF   bool
 	watchList bool // try WatchList (sendInitialEvents) before LIST
 }
@@ -77,7 +79,9 @@ func (u *restUpstream) list(ctx context.Context) ([]*Object, string, error) {
 		if cont != "" {
 			req = req.Param("continue", cont)
 		}
-		body, err := req.DoRaw(ctx)
+		pageCtx, cancel := context.WithTimeout(ctx, u.timeout)
+		body, err := req.DoRaw(pageCtx)
+		cancel()
 		if err != nil {
 			return nil, "", err
 		}
@@ -113,8 +117,8 @@ func (u *restUpstream) list(ctx context.Context) ([]*Object, string, error) {
 // listByWatch performs a WatchList: a watch that first streams every object
 // and then a bookmark marking the end of the initial events.
 func (u *restUpstream) listByWatch(ctx context.Context) ([]*Object, string, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, touch, idle, stop := idleContext(ctx, u.timeout)
+	defer stop()
 	req := u.client.Get().AbsPath(u.path).
 		Param("watch", "true").
 		Param("sendInitialEvents", "true").
@@ -128,7 +132,7 @@ func (u *restUpstream) listByWatch(ctx context.Context) ([]*Object, string, erro
 		if apierrors.IsBadRequest(err) || apierrors.IsInvalid(err) {
 			return nil, "", fmt.Errorf("%w: %w", errWatchListUnsupported, err)
 		}
-		return nil, "", err
+		return nil, "", idleErr(err, idle)
 	}
 	ws := newJSONWatchStream(body, u.stripMF)
 	defer ws.close()
@@ -136,8 +140,9 @@ func (u *restUpstream) listByWatch(ctx context.Context) ([]*Object, string, erro
 	for {
 		t, obj, rv, err := ws.next()
 		if err != nil {
-			return nil, "", err
+			return nil, "", idleErr(err, idle)
 		}
+		touch()
 		switch t {
 		case Added:
 			objs = append(objs, obj)

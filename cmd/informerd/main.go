@@ -42,6 +42,7 @@ type config struct {
 	logMaxEvents    int
 	logMaxBytes     int64
 	logMinAge       time.Duration
+	upstreamTimeout time.Duration
 	keepManaged     bool
 	disableWatchLst bool
 	logLevel        slog.Level
@@ -75,6 +76,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.logMaxEvents, "log-max-events", 10000, "events each informer's log keeps once they are older than -log-min-age")
 	fs.Int64Var(&c.logMaxBytes, "log-max-bytes", 64<<20, "object bytes each informer's log may hold")
 	fs.DurationVar(&c.logMinAge, "log-min-age", 30*time.Second, "events younger than this stay in the log past -log-max-events; 0: no floor")
+	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 2*time.Minute, "bound on each LIST page and on a watch that brings nothing (the API server bookmarks about every minute)")
 	fs.BoolVar(&c.keepManaged, "keep-managed-fields", false, "keep metadata.managedFields in served objects")
 	fs.BoolVar(&c.disableWatchLst, "disable-watch-list", false, "list with LIST instead of WatchList streaming")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
@@ -102,6 +104,9 @@ func parseFlags(args []string) (*config, error) {
 	}
 	if c.lingerTTL <= 0 {
 		return nil, fmt.Errorf("-linger-ttl %s: must be positive", c.lingerTTL)
+	}
+	if c.upstreamTimeout <= 0 {
+		return nil, fmt.Errorf("-upstream-timeout %s: must be positive", c.upstreamTimeout)
 	}
 	if c.logMaxEvents <= 0 {
 		return nil, fmt.Errorf("-log-max-events %d: must be positive", c.logMaxEvents)
@@ -148,7 +153,7 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 	mgr, err := cache.NewManager(cache.Options{
 		Config: restCfg, Scope: cache.ScopeStrategy(c.scope), LingerTTL: c.lingerTTL,
 		Log:               cache.LogLimits{MaxEvents: c.logMaxEvents, MaxBytes: c.logMaxBytes, MinAge: minAge},
-		KeepManagedFields: c.keepManaged, DisableWatchList: c.disableWatchLst,
+		KeepManagedFields: c.keepManaged, DisableWatchList: c.disableWatchLst, UpstreamTimeout: c.upstreamTimeout,
 		Logger: log, Registerer: reg,
 	})
 	if err != nil {
