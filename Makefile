@@ -28,6 +28,15 @@ test: controlplane ## Run every test (unit and e2e) with -race, then each fuzz t
 	$(GO) test -race -count=1 -timeout=30m $(TEST_FLAGS) ./...
 	$(MAKE) --no-print-directory fuzz
 
+# CHAOS_DURATION is how long `make chaos` injects faults; CHAOS_SEED repeats a run.
+CHAOS_DURATION ?= 10m
+CHAOS_SEED ?=
+
+.PHONY: chaos
+chaos: controlplane ## A long seeded chaos run (faults + mutations; CHAOS_DURATION, CHAOS_SEED).
+	INFORMERD_CHAOS_DURATION=$(CHAOS_DURATION) INFORMERD_CHAOS_SEED=$(CHAOS_SEED) \
+		$(GO) test -race -count=1 -timeout=0 -run '^TestChaos$$' -v ./test/e2e/
+
 # FUZZTIME is how long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 10s
 FUZZ_TARGETS := ./cache:FuzzDecodeObject ./daemon:FuzzValidateWatch ./client:FuzzWatcherApply
