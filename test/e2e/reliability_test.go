@@ -252,9 +252,9 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return total
 }
 
-// TestDaemonKilled: kill -9 of the informerd process under clients; a new
-// process on the same socket (the stale socket file is replaced) serves
-// them again and their handlers see only the real changes.
+// TestDaemonKilled: kill -9 of the informerd process under 50 clients; a
+// new process on the same socket (the stale socket file is replaced) serves
+// them again with one LIST, and their handlers see only the real changes.
 func TestDaemonKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -263,16 +263,24 @@ func TestDaemonKilled(t *testing.T) {
 	for i := range 5 {
 		createConfigMap(ctx, t, ns, fmt.Sprintf("cm%d", i), nil)
 	}
-	d := startDaemonProcess(t, filepath.Join(t.TempDir(), "informerd.sock"), "-scope", "namespace")
-	recs, _ := startWatchers(ctx, t, d.socket, ns, 10)
+	// Cluster scope and LIST: the daemon's LIST is the only cluster-wide one.
+	d := startDaemonProcess(t, filepath.Join(t.TempDir(), "informerd.sock"), "-scope", "cluster", "-disable-watch-list")
+	recs, _ := startWatchers(ctx, t, d.socket, ns, 50)
 
 	d.signal(syscall.SIGKILL)
 	if err := cms.Delete(ctx, "cm0", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	createConfigMap(ctx, t, ns, "while-dead", nil)
+	want := listState(ctx, t, configMaps, ns)
+	listsBefore := upstreamLists(ctx, t, configMaps)
 	d.start()
-	converge(ctx, t, listState(ctx, t, configMaps, ns), recs)
+	converge(ctx, t, want, recs)
+	lists := upstreamLists(ctx, t, configMaps) - listsBefore
+	t.Logf("after kill -9 and restart, 50 clients cost the API server %d LIST(s)", lists)
+	if lists != 1 {
+		t.Errorf("50 clients reconnecting caused %d LISTs of configmaps, want 1", lists)
+	}
 	for i, r := range recs {
 		_, evs, _ := r.snapshot()
 		if after := evs[6:]; len(after) != 2 {
