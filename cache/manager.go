@@ -90,9 +90,6 @@ type Request struct {
 	Holder string
 }
 
-// ErrUnknownResource: the API server does not serve the resource.
-var ErrUnknownResource = errors.New("unknown resource")
-
 // Manager owns the Sources: it starts one per Key on the first
 // subscription, keeps it while subscribed, lets it linger when unused, and
 // stops it on eviction. Its methods are safe for concurrent use.

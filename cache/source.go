@@ -14,43 +14,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-)
-
-// Key identifies one upstream list+watch.
-type Key struct {
-	GVR schema.GroupVersionResource
-	// Namespace is "" for all namespaces or a cluster-scoped resource.
-	Namespace string
-	// FieldSelector is passed to the API server as is.
-	FieldSelector string
-}
-
-func (k Key) String() string {
-	s := k.GVR.Resource
-	if k.GVR.Group != "" {
-		s += "." + k.GVR.Group
-	}
-	s += "/" + k.GVR.Version
-	if k.Namespace != "" {
-		s += " in " + k.Namespace
-	}
-	if k.FieldSelector != "" {
-		s += " fields " + k.FieldSelector
-	}
-	return s
-}
-
-// Sentinel errors; daemon maps them to gRPC codes.
-var (
-	// ErrNotSynced: the Source has not completed its first list, and the
-	// last attempt failed. The error wraps the cause.
-	ErrNotSynced = errors.New("informer has not synced")
-	// ErrResourceRemoved: the resource no longer exists upstream (for
-	// example its CustomResourceDefinition was deleted).
-	ErrResourceRemoved = errors.New("resource removed")
-	// ErrStopped: the Source or Manager was stopped.
-	ErrStopped = errors.New("informer stopped")
 )
 
 // SourceState is a Source's sync state.
@@ -90,7 +53,7 @@ type Source struct {
 	terminal error
 	// notify is closed and replaced whenever anything above changes.
 	notify chan struct{}
-	// cursors are the live subscriptions' positions, for lag.
+	// subs are the open subscriptions, whose cursors give the lag.
 	subs map[*Subscription]struct{}
 }
 

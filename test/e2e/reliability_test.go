@@ -313,9 +313,11 @@ func TestChurningClients(t *testing.T) {
 			default:
 			}
 			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("c%d", i%20)}, Data: map[string]string{"i": fmt.Sprint(i)}}
-			if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); apierrors.IsNotFound(err) {
+			_, err := cms.Update(ctx, cm, metav1.UpdateOptions{})
+			if apierrors.IsNotFound(err) {
 				_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
-			} else if err != nil {
+			}
+			if err != nil && !apierrors.IsAlreadyExists(err) {
 				writes <- err
 				return
 			}

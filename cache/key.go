@@ -1,0 +1,27 @@
+package cache
+
+import "k8s.io/apimachinery/pkg/runtime/schema"
+
+// Key identifies one upstream list+watch.
+type Key struct {
+	GVR schema.GroupVersionResource
+	// Namespace is "" for all namespaces or a cluster-scoped resource.
+	Namespace string
+	// FieldSelector is passed to the API server as is.
+	FieldSelector string
+}
+
+func (k Key) String() string {
+	s := k.GVR.Resource
+	if k.GVR.Group != "" {
+		s += "." + k.GVR.Group
+	}
+	s += "/" + k.GVR.Version
+	if k.Namespace != "" {
+		s += " in " + k.Namespace
+	}
+	if k.FieldSelector != "" {
+		s += " fields " + k.FieldSelector
+	}
+	return s
+}
