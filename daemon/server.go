@@ -97,6 +97,7 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 	}
 	defer sub.Close()
 	apiVersion, kind := sub.TypeMeta()
+	encode := func(e *cache.Event) []byte { return encodeEvent(e, view, apiVersion, kind) }
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
 	log := s.log.With("client", creq.Holder, "informer", sub.Key().String())
@@ -113,7 +114,7 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 		// A new slice per batch: gRPC may keep a sent message.
 		batch, size := make(frames, 0, len(pending)), 0
 		for len(pending) > 0 {
-			f := pending[0].Frame(int(view), func(e *cache.Event) []byte { return encodeEvent(e, view, apiVersion, kind) })
+			f := pending[0].Frame(int(view), encode)
 			if len(batch) > 0 && size+len(f) > s.opts.MaxBatchBytes {
 				break
 			}
