@@ -270,7 +270,8 @@ func (m *Manager) lookup(ctx context.Context, req Request) (*meta.RESTMapping, e
 			return mapping, nil
 		}
 		if !meta.IsNoMatchError(err) {
-			return nil, fmt.Errorf("discovering %s: %w", what, err)
+			// The API server is unreachable or failing: retryable.
+			return nil, fmt.Errorf("%w: discovering %s: %w", ErrNotSynced, what, err)
 		}
 		if !reset {
 			continue
