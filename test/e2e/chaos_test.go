@@ -128,9 +128,7 @@ func TestChaos(t *testing.T) {
 		case 2:
 			faults["API server restart"]++
 			env.StopAPIServer()
-			if err := env.StartAPIServer(ctx); err != nil {
-				t.Fatal(err)
-			}
+			startAPIServer(ctx, t)
 		case 3:
 			faults["daemon kill -9"]++
 			d.signal(syscall.SIGKILL)

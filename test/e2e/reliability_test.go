@@ -24,6 +24,18 @@ import (
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
+// startAPIServer restarts the kube-apiserver that StopAPIServer stopped and
+// waits until the rest of the control plane works with it again (a new
+// namespace gets its kube-root-ca.crt from kube-controller-manager), so
+// that later tests start from a healthy control plane.
+func startAPIServer(ctx context.Context, t *testing.T) {
+	t.Helper()
+	if err := env.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	createNamespace(ctx, t, "recovered")
+}
+
 // startWatchers runs n Watchers of ConfigMaps in ns against socket and
 // waits until each has synced.
 func startWatchers(ctx context.Context, t *testing.T, socket, ns string, n int) ([]*recorder, []*client.Watcher) {
@@ -80,9 +92,7 @@ func TestAPIServerRestart(t *testing.T) {
 	recs, ws := startWatchers(ctx, t, d.socket, ns, 5)
 
 	env.StopAPIServer()
-	if err := env.StartAPIServer(ctx); err != nil {
-		t.Fatal(err)
-	}
+	startAPIServer(ctx, t)
 	for i := range 5 {
 		cm, err := cms.Get(ctx, fmt.Sprintf("cm%d", i), metav1.GetOptions{})
 		if err != nil {
@@ -215,9 +225,7 @@ func TestAPIServerDown(t *testing.T) {
 		t.Errorf("%v watch attempts during a %s outage, want between 1 and %.0f (jittered exponential backoff)", attempts, outage, maxAttempts)
 	}
 
-	if err := env.StartAPIServer(ctx); err != nil {
-		t.Fatal(err)
-	}
+	startAPIServer(ctx, t)
 	createConfigMap(ctx, t, ns, "after-outage", nil)
 	converge(ctx, t, listState(ctx, t, configMaps, ns), recs)
 	eventually(ctx, t, "informer synced again", func() bool {
