@@ -1,8 +1,12 @@
 package main
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"k8s.io/client-go/rest"
 )
 
 func TestParseFlagsNamesTheBadFlag(t *testing.T) {
@@ -35,5 +39,28 @@ func TestParseFlagsNamesTheBadFlag(t *testing.T) {
 				t.Fatalf("error = %v, want one naming %q", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestReadyzFollowsTheAPIServer(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/version" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
+	}))
+	probe := func() int {
+		rec := httptest.NewRecorder()
+		readyz(&rest.Config{Host: api.URL})(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		return rec.Code
+	}
+	if got := probe(); got != http.StatusOK {
+		t.Fatalf("/readyz with the API server up = %d, want 200", got)
+	}
+	api.Close()
+	if got := probe(); got != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with the API server down = %d, want 503", got)
 	}
 }
