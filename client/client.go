@@ -1,6 +1,7 @@
 // Package client is informerd's client library: Dial a node's daemon, then
-// Watch with automatic reconnect and resume, or adopt it in one line through
-// the client-go adapters (NewListerWatcher).
+// run a Watcher (automatic reconnect and resume, a local store), or adopt it
+// in one line through the client-go adapters: NewListerWatcher for
+// informers, NewDynamicClient for dynamicinformer and cli-utils.
 package client
 
 import (

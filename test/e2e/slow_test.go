@@ -52,7 +52,7 @@ func (l *latencies) OnUpdate(_, obj *unstructured.Unstructured) { l.note(obj) }
 func (l *latencies) OnDelete(*unstructured.Unstructured)        {}
 func (l *latencies) OnSynced()                                  { close(l.synced) }
 
-// waitCount waits for n samples and returns them, resetting the record.
+// take waits for n samples and returns them, resetting the record.
 func (l *latencies) take(ctx context.Context, t *testing.T, n int) []time.Duration {
 	t.Helper()
 	for {
