@@ -270,7 +270,7 @@ func TestFanOutDeliversEveryEventToEverySubscriber(t *testing.T) {
 // a Unix socket: upstream JSON decode, the log, encode-once frames, gRPC,
 // and the client's decode of each WatchResponse.
 func BenchmarkFanOut(b *testing.B) {
-	for _, n := range []int{1, 10, 100} {
+	for _, n := range []int{1, 10, 100, 1000} {
 		for _, size := range []int{1024, 4096} {
 			b.Run(fmt.Sprintf("subscribers=%d/object=%dB", n, size), func(b *testing.B) {
 				api := newFakeAPIServer(b)
