@@ -116,28 +116,24 @@ func parseRV(rv string) (uint64, bool) {
 func (l *eventLog) append(t EventType, obj *Object, rv uint64, position string) *Event {
 	k := obj.key()
 	cur := l.store[k]
+	if t == Deleted && cur == nil {
+		return nil
+	}
 	ev := &Event{Type: t, Object: obj, ResourceVersion: position}
 	l.lastSeq++
-	seq := l.lastSeq
-	now := mark{seq, rv}
-	switch t {
-	case Added, Modified:
-		if cur != nil {
-			ev.Type, ev.prevLabels = Modified, cur.ev.Object.Labels
-			l.store[k] = &stored{ev: ev, changed: now, created: cur.created}
-		} else {
-			ev.Type = Added
-			l.store[k] = &stored{ev: ev, changed: now, created: now}
-		}
-	case Deleted:
-		if cur == nil {
-			l.lastSeq--
-			return nil
-		}
+	now := mark{l.lastSeq, rv}
+	switch {
+	case t == Deleted:
 		delete(l.store, k)
 		l.tombs = append(l.tombs, tombstone{ev: ev, deleted: now, created: cur.created})
+	case cur != nil:
+		ev.Type, ev.prevLabels = Modified, cur.ev.Object.Labels
+		l.store[k] = &stored{ev: ev, changed: now, created: cur.created}
+	default:
+		ev.Type = Added
+		l.store[k] = &stored{ev: ev, changed: now, created: now}
 	}
-	l.push(logEntry{seq: seq, rv: rv, at: l.now(), ev: ev})
+	l.push(logEntry{seq: now.seq, rv: rv, at: l.now(), ev: ev})
 	return ev
 }
 

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -151,7 +150,7 @@ const (
 //     up): back off and retry; the Source is stale meanwhile.
 func classify(err error) action {
 	switch {
-	case apierrors.IsResourceExpired(err), apierrors.IsGone(err), isHTTPStatus(err, http.StatusGone),
+	case apierrors.IsResourceExpired(err), apierrors.IsGone(err),
 		apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge):
 		return relist
 	case apierrors.IsNotFound(err), apierrors.IsMethodNotSupported(err):

@@ -255,7 +255,8 @@ func withTypeMeta(raw, typeMeta []byte) ([]byte, error) {
 }
 
 // decodeObject reads the metadata of one JSON object and, if strip is set,
-// removes metadata.managedFields from its bytes.
+// removes metadata.managedFields from its bytes. The Object keeps raw, which
+// the caller must own and not modify (json.RawMessage fields are copies).
 func decodeObject(raw []byte, strip bool) (*Object, error) {
 	var h struct {
 		APIVersion string `json:"apiVersion"`
@@ -283,8 +284,6 @@ func decodeObject(raw []byte, strip bool) (*Object, error) {
 			return nil, err
 		}
 		o.JSON = stripped
-	} else {
-		o.JSON = bytes.Clone(raw) // raw may alias a decoder buffer
 	}
 	return o, nil
 }
@@ -307,11 +306,6 @@ func withoutManagedFields(raw []byte) ([]byte, error) {
 	return json.Marshal(top)
 }
 
-// isHTTPStatus reports whether err is an API error with the given code.
-func isHTTPStatus(err error, code int) bool {
-	var st apierrors.APIStatus
-	return errors.As(err, &st) && st.Status().Code == int32(code)
-}
 
 // watchTimeoutSeconds spreads watch lifetimes over 5-10 minutes, as the
 // reflector does, so that many Sources do not re-watch in step.

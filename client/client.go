@@ -6,9 +6,7 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -123,9 +121,6 @@ func (c *Client) Stream(ctx context.Context, opts WatchOptions, resume string) (
 func (s *Stream) Recv() ([]*informerdv1.Event, error) {
 	resp, err := s.s.Recv()
 	if err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, io.EOF
-		}
 		return nil, err
 	}
 	return resp.GetEvents(), nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -87,9 +88,12 @@ type Watcher struct {
 	// stream before Run reconnects (a terminal one is returned instead).
 	OnError func(error)
 
-	// Stats, for tests and tools; read them after Run returns.
-	Connects, Resets int
+	resets atomic.Int64
 }
+
+// Resets returns how many RESETs the Watcher has received: how often it
+// had to diff a fresh snapshot against its store. Safe to call at any time.
+func (w *Watcher) Resets() int64 { return w.resets.Load() }
 
 // NewWatcher returns a Watcher of opts that calls h.
 func NewWatcher(c *Client, opts WatchOptions, h Handler, b Backoff) *Watcher {
@@ -149,7 +153,6 @@ func (w *Watcher) runOnce(ctx context.Context) (progressed bool, err error) {
 		return false, err
 	}
 	defer s.Close()
-	w.Connects++
 	// Without a resume point the stream starts with a snapshot, which
 	// replaces the store as a RESET does.
 	var snap map[string]*unstructured.Unstructured
@@ -174,7 +177,7 @@ func (w *Watcher) runOnce(ctx context.Context) (progressed bool, err error) {
 func (w *Watcher) apply(ev *informerdv1.Event, snap map[string]*unstructured.Unstructured) (map[string]*unstructured.Unstructured, error) {
 	switch ev.GetType() {
 	case informerdv1.EventType_EVENT_TYPE_RESET:
-		w.Resets++
+		w.resets.Add(1)
 		return map[string]*unstructured.Unstructured{}, nil
 	case informerdv1.EventType_EVENT_TYPE_SYNCED:
 		if snap != nil {

@@ -3,14 +3,13 @@
 //	informerctl [-address A] informers            list informers, holders and lag
 //	informerctl [-address A] watch -resource R    stream changes of a resource
 //
-// watch prints one line per change. With -summary it prints nothing until
-// it is stopped (SIGINT/SIGTERM), then one JSON line: the number of changes
-// its handler saw and its final store (key -> resourceVersion).
+// watch prints one tab-separated line per change (ADDED, MODIFIED or
+// DELETED, the object's key, its resourceVersion) and SYNCED once the
+// snapshot is complete, until it is stopped.
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -96,7 +95,6 @@ func watchCmd(ctx context.Context, c *client.Client, args []string) error {
 	fs.StringVar(&o.FieldSelector, "field-selector", "", "field selector")
 	fs.StringVar(&o.ClientName, "name", "informerctl", "client name shown in `informerctl informers`")
 	fs.BoolVar(&o.MetadataOnly, "metadata-only", false, "receive metadata only")
-	summary := fs.Bool("summary", false, "print only a JSON summary when stopped")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -105,18 +103,7 @@ func watchCmd(ctx context.Context, c *client.Client, args []string) error {
 		return fmt.Errorf("-resource %q: %w", *resource, err)
 	}
 	o.Resource = gvr
-	s := &summaryHandler{store: map[string]string{}, print: !*summary}
-	w := client.NewWatcher(c, o, s, client.Backoff{})
-	if err := w.Run(ctx); err != nil {
-		return err
-	}
-	if *summary {
-		return json.NewEncoder(os.Stdout).Encode(struct {
-			Events  int               `json:"events"`
-			Objects map[string]string `json:"objects"`
-		}{s.events, s.store})
-	}
-	return nil
+	return client.NewWatcher(c, o, printer{}, client.Backoff{}).Run(ctx)
 }
 
 // parseResource reads resource[.version[.group]]; the version defaults to
@@ -136,44 +123,18 @@ func parseResource(s string) (schema.GroupVersionResource, error) {
 	return gvr, nil
 }
 
-// summaryHandler counts changes and keeps key -> resourceVersion.
-type summaryHandler struct {
-	store  map[string]string
-	events int
-	print  bool
-}
+// printer prints each change the Watcher hands it.
+type printer struct{}
 
-func key(o *unstructured.Unstructured) string {
-	if o.GetNamespace() == "" {
-		return o.GetName()
+func (printer) print(verb string, o *unstructured.Unstructured) {
+	key := o.GetName()
+	if ns := o.GetNamespace(); ns != "" {
+		key = ns + "/" + key
 	}
-	return o.GetNamespace() + "/" + o.GetName()
+	fmt.Printf("%s\t%s\t%s\n", verb, key, o.GetResourceVersion())
 }
 
-func (s *summaryHandler) note(verb string, o *unstructured.Unstructured) {
-	s.events++
-	if s.print {
-		fmt.Printf("%s\t%s\t%s\n", verb, key(o), o.GetResourceVersion())
-	}
-}
-
-func (s *summaryHandler) OnAdd(o *unstructured.Unstructured) {
-	s.store[key(o)] = o.GetResourceVersion()
-	s.note("ADDED", o)
-}
-
-func (s *summaryHandler) OnUpdate(_, o *unstructured.Unstructured) {
-	s.store[key(o)] = o.GetResourceVersion()
-	s.note("MODIFIED", o)
-}
-
-func (s *summaryHandler) OnDelete(o *unstructured.Unstructured) {
-	delete(s.store, key(o))
-	s.note("DELETED", o)
-}
-
-func (s *summaryHandler) OnSynced() {
-	if s.print {
-		fmt.Println("SYNCED")
-	}
-}
+func (p printer) OnAdd(o *unstructured.Unstructured)       { p.print("ADDED", o) }
+func (p printer) OnUpdate(_, o *unstructured.Unstructured) { p.print("MODIFIED", o) }
+func (p printer) OnDelete(o *unstructured.Unstructured)    { p.print("DELETED", o) }
+func (printer) OnSynced()                                  { fmt.Println("SYNCED") }

@@ -106,7 +106,7 @@ func TestChaos(t *testing.T) {
 			}
 			if err != nil {
 				failed++
-				time.Sleep(50 * time.Millisecond) // the API server may be away: do not spin
+				hold(mctx, 50*time.Millisecond) // the API server may be away: do not spin
 			} else {
 				mutations++
 			}
@@ -114,7 +114,7 @@ func TestChaos(t *testing.T) {
 	}()
 
 	faults := map[string]int{}
-	pause := func() { time.Sleep(time.Duration(500+rng.IntN(2500)) * time.Millisecond) } // the chaos schedule itself
+	pause := func() { hold(ctx, time.Duration(500+rng.IntN(2500))*time.Millisecond) } // the chaos schedule itself
 	for deadline := time.Now().Add(duration); time.Now().Before(deadline); pause() {
 		switch f := rng.IntN(5); f {
 		case 0:
@@ -123,7 +123,7 @@ func TestChaos(t *testing.T) {
 		case 1:
 			faults["network black hole"]++
 			proxy.Hang()
-			time.Sleep(time.Duration(1+rng.IntN(5)) * time.Second)
+			hold(ctx, time.Duration(1+rng.IntN(5))*time.Second) // the length of the black hole
 			proxy.Resume()
 		case 2:
 			faults["API server restart"]++

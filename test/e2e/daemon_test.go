@@ -152,6 +152,18 @@ func upstreamLists(ctx context.Context, t *testing.T, gvr schema.GroupVersionRes
 	}))
 }
 
+// hold waits for d, or until ctx ends. It is only for waits whose length is
+// itself what a test exercises (an outage, a fault schedule, a load
+// generator's pause); whatever can be waited on is waited on instead.
+func hold(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
 // eventually polls cond until it holds: the API server's metrics and the
 // daemon's introspection change asynchronously, with nothing to wait on.
 func eventually(ctx context.Context, t *testing.T, what string, cond func() bool) {

@@ -191,11 +191,5 @@ func TestFaultyNetworkToAPIServer(t *testing.T) {
 	converge(ctx, t, listState(ctx, t, configMaps, ns), recs)
 	t.Logf("hang noticed after %s (idle timeout %s); converged %s after the network healed",
 		noticed, idle, time.Since(healedAt))
-	t.Cleanup(func() {
-		for i, w := range ws {
-			if w.Resets != 0 {
-				t.Errorf("watcher %d saw %d RESETs from network faults upstream", i, w.Resets)
-			}
-		}
-	})
+	expectNoResets(t, ws, "network faults upstream")
 }

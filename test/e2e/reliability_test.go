@@ -61,6 +61,17 @@ func startWatchers(ctx context.Context, t *testing.T, socket, ns string, n int) 
 	return recs, ws
 }
 
+// expectNoResets fails the test if any watcher received a RESET: the fault
+// (named by why) must not reach clients as one.
+func expectNoResets(t *testing.T, ws []*client.Watcher, why string) {
+	t.Helper()
+	for i, w := range ws {
+		if n := w.Resets(); n != 0 {
+			t.Errorf("watcher %d saw %d RESETs after %s: an upstream fault must not reach clients as a RESET", i, n, why)
+		}
+	}
+}
+
 // converge waits until every recorder holds exactly want, the API
 // server's state (same objects, same resourceVersions).
 func converge(ctx context.Context, t *testing.T, want map[string]string, recs []*recorder) {
@@ -120,13 +131,7 @@ func TestAPIServerRestart(t *testing.T) {
 			t.Errorf("watcher %d saw %d changes after its snapshot, want the 7 real ones: %v", i, got, evs[11:])
 		}
 	}
-	t.Cleanup(func() {
-		for i, w := range ws {
-			if w.Resets != 0 {
-				t.Errorf("watcher %d saw %d RESETs: an upstream restart must not reach clients as a RESET", i, w.Resets)
-			}
-		}
-	})
+	expectNoResets(t, ws, "an API server restart")
 }
 
 // TestDaemonRestartWithManyClients: the daemon restarts gracefully under
@@ -228,7 +233,7 @@ func TestAPIServerDown(t *testing.T) {
 			t.Fatalf("INFORMERD_E2E_OUTAGE: %v", err)
 		}
 	}
-	time.Sleep(time.Until(downAt.Add(outage))) // the outage itself is what is tested
+	hold(ctx, time.Until(downAt.Add(outage))) // the outage itself is what is tested
 	attempts := gauge(t, reg, "informerd_upstream_watches_total") - watchesAtStop
 	maxAttempts := 2 + math.Log2(outage.Seconds()/0.8)*2
 	t.Logf("%d watch attempts during a %s outage (bound %.0f)", int(attempts), outage, maxAttempts)
@@ -243,13 +248,7 @@ func TestAPIServerDown(t *testing.T) {
 		src := d.mgr.Sources()
 		return len(src) == 1 && src[0].State == cache.StateSynced && gauge(t, reg, "informerd_sources_stale") == 0
 	})
-	t.Cleanup(func() {
-		for i, w := range ws {
-			if w.Resets != 0 {
-				t.Errorf("watcher %d saw %d RESETs after an outage", i, w.Resets)
-			}
-		}
-	})
+	expectNoResets(t, ws, "an API server outage")
 }
 
 // gauge sums the samples of a metric in reg.

@@ -223,6 +223,17 @@ func TestOneUpstreamWatchForManyClients(t *testing.T) {
 	if got := upstreamWatches(ctx, t, gadgets); got != before+1 {
 		t.Fatalf("API server holds %d watches of gadgets after the events, want %d", got, before+1)
 	}
+
+	// Introspection tells the same story: one informer, 21 holders.
+	resp, err := d.dial(t).API().ListInformers(ctx, &informerdv1.ListInformersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	infs := resp.GetInformers()
+	if len(infs) != 1 || infs[0].GetRefCount() != 21 || infs[0].GetState() != "synced" || infs[0].GetNamespace() != "" ||
+		infs[0].GetObjects() != 3 || !slices.Contains(infs[0].GetHolders(), "cluster-wide") || !slices.Contains(infs[0].GetHolders(), "same-ns-0") {
+		t.Fatalf("ListInformers = %v, want one synced cluster-wide informer of 3 objects held 21 times", infs)
+	}
 }
 
 // TestListerWatcherMatchesDirectInformer: a client-go informer over the
@@ -446,8 +457,8 @@ func TestResetGivesHandlersOnlyNetChanges(t *testing.T) {
 	if !slices.Equal(net, wantNet) {
 		t.Fatalf("handler saw %v after the reconnect, want only %v", net, wantNet)
 	}
-	if w.Resets != 1 {
-		t.Fatalf("watcher saw %d RESETs, want 1", w.Resets)
+	if n := w.Resets(); n != 1 {
+		t.Fatalf("watcher saw %d RESETs, want 1", n)
 	}
 }
 
