@@ -306,7 +306,6 @@ func withoutManagedFields(raw []byte) ([]byte, error) {
 	return json.Marshal(top)
 }
 
-
 // watchTimeoutSeconds spreads watch lifetimes over 5-10 minutes, as the
 // reflector does, so that many Sources do not re-watch in step.
 func watchTimeoutSeconds() int { return 300 + rand.IntN(300) }
