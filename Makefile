@@ -74,6 +74,23 @@ DEMO_FLAGS ?=
 demo: controlplane build ## Control plane + informerd + 5 informerctl clients sharing one informer; prints a table.
 	$(GO) run ./test/demo -bin $(BIN) $(DEMO_FLAGS)
 
+# BENCH_QUICK=1 runs the short form of `make bench`; BENCH_FLAGS go to the
+# harness (e.g. BENCH_FLAGS="-clients 1,10 -modes direct,shared-nostore").
+BENCH_QUICK ?=
+BENCH_FLAGS ?=
+# BENCH_GO selects the Go benchmarks `make bench-go` runs; BENCH_COUNT repeats them.
+BENCH_GO ?= .
+BENCH_COUNT ?= 1
+
+.PHONY: bench
+bench: controlplane build ## Direct client-go informers vs informerd, side by side on the local control plane (BENCH_QUICK=1: a few minutes).
+	$(GO) build -o $(BIN)/bench ./test/bench
+	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench -bin $(BIN) $(BENCH_FLAGS)
+
+.PHONY: bench-go
+bench-go: ## The Go benchmarks (fan-out over Unix sockets vs the raw baseline, the cache) with -benchmem.
+	$(GO) test -run '^$$' -bench '$(BENCH_GO)' -benchmem -count $(BENCH_COUNT) ./daemon ./cache ./client
+
 $(BIN)/buf $(BIN)/golangci-lint: hack/tools/go.mod hack/tools/go.sum
 	cd hack/tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 

@@ -145,7 +145,9 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The GC metrics include go_gc_heap_live_bytes, the heap the last GC found
+	// live: what the informers really hold.
+	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsGC)), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	minAge := c.logMinAge
 	if minAge == 0 {
 		minAge = -1 // cache.LogLimits: negative is none, zero the default

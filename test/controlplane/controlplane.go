@@ -271,6 +271,22 @@ func (cp *ControlPlane) StartAPIServer(ctx context.Context) error {
 // rather than attaching to a running cluster (Attach).
 func (cp *ControlPlane) Owned() bool { return cp.pki != nil }
 
+// PID returns the process ID of the named component ("etcd",
+// "kube-apiserver", ...) while it runs under this ControlPlane, else 0. Do
+// not call it concurrently with StartAPIServer.
+func (cp *ControlPlane) PID(name string) int {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if p := cp.find(name); p != nil && p.cmd != nil && p.cmd.Process != nil {
+		select {
+		case <-p.done:
+		default:
+			return p.cmd.Process.Pid
+		}
+	}
+	return 0
+}
+
 func (cp *ControlPlane) find(name string) *process {
 	for _, p := range cp.procs {
 		if p.name == name {

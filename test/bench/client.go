@@ -1,0 +1,273 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/metrics"
+	"strconv"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/informerd/informerd/client"
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+)
+
+// The client modes: what one client process runs.
+const (
+	modeDirect  = "direct"         // a client-go dynamic informer per resource
+	modeStore   = "shared-store"   // informerd's client.Watcher (a local store)
+	modeNoStore = "shared-nostore" // informerd's client.Stream, no store
+)
+
+// stampAnnotation carries the UnixNano time at which the writer sent an
+// update; clients compute delivery latency from it.
+const stampAnnotation = "bench.informerd.io/written"
+
+var resources = []schema.GroupVersionResource{
+	{Version: "v1", Resource: "configmaps"},
+	{Version: "v1", Resource: "pods"},
+}
+
+// clientResult is what a client process reports on stdout when it ends.
+type clientResult struct {
+	SyncSeconds float64 `json:"syncSeconds"` // process start to every resource synced
+	Objects     int     `json:"objects"`     // objects received by then
+	Events      int64   `json:"events"`      // events handled after sync
+	// LatenciesMicros are write-to-handler latencies of stamped updates.
+	LatenciesMicros []int64 `json:"latenciesMicros"`
+	LastEventUnix   int64   `json:"lastEventUnixNano"`
+	// HeapLive* are the live heap after a forced GC, before the watches
+	// started and after sync.
+	HeapLiveBase   uint64 `json:"heapLiveBase"`
+	HeapLiveSynced uint64 `json:"heapLiveSynced"`
+	// CPUSeconds, RSSBytes and PeakRSSBytes are the process's own usage
+	// when it reports.
+	CPUSeconds   float64 `json:"cpuSeconds"`
+	RSSBytes     uint64  `json:"rssBytes"`
+	PeakRSSBytes uint64  `json:"peakRssBytes"`
+}
+
+// recorder collects one client's events; handlers may run concurrently.
+type recorder struct {
+	mu        sync.Mutex
+	synced    bool
+	objects   int
+	events    int64
+	latencies []int64
+	last      int64
+	want      int // stamped updates the writer will send
+	done      chan struct{}
+}
+
+// event records one event after sync; stamp is the annotation or "".
+func (r *recorder) event(stamp string) {
+	now := time.Now().UnixNano()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.synced {
+		r.objects++
+		return
+	}
+	r.events++
+	r.last = now
+	if stamp == "" {
+		return
+	}
+	if ns, err := strconv.ParseInt(stamp, 10, 64); err == nil {
+		r.latencies = append(r.latencies, (now-ns)/1e3)
+		if len(r.latencies) == r.want {
+			close(r.done)
+		}
+	}
+}
+
+func (r *recorder) markSynced() {
+	r.mu.Lock()
+	r.synced = true
+	r.mu.Unlock()
+}
+
+// runClient is the client role: watch the resources in namespace in the
+// given mode, print "synced" once every resource is synced, and, once
+// stdin closes, wait for the expected updates (or the timeout) and print a
+// clientResult as JSON.
+func runClient(args []string) error {
+	fs := flag.NewFlagSet("client", flag.ContinueOnError)
+	mode := fs.String("mode", modeDirect, "direct, shared-store or shared-nostore")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig (direct mode)")
+	socket := fs.String("socket", "", "informerd socket (shared modes)")
+	namespace := fs.String("namespace", "", "namespace to watch")
+	name := fs.String("name", "bench", "client name")
+	want := fs.Int("updates", 0, "stamped updates to wait for after stdin closes")
+	wait := fs.Duration("timeout", time.Minute, "longest wait for the updates after stdin closes")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	start := time.Now()
+	res := clientResult{HeapLiveBase: liveHeap()}
+	rec := &recorder{want: *want, done: make(chan struct{})}
+	if *want == 0 {
+		close(rec.done)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	var (
+		synced <-chan struct{}
+		wg     sync.WaitGroup
+		runErr = make(chan error, len(resources))
+	)
+	switch *mode {
+	case modeDirect:
+		cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+		if err != nil {
+			return err
+		}
+		dc, err := dynamic.NewForConfig(cfg)
+		if err != nil {
+			return err
+		}
+		f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dc, 0, *namespace, nil)
+		var hasSynced []cache.InformerSynced
+		for _, gvr := range resources {
+			inf := f.ForResource(gvr).Informer()
+			if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+				AddFunc:    func(any) { rec.event("") },
+				UpdateFunc: func(_, obj any) { rec.event(obj.(*unstructured.Unstructured).GetAnnotations()[stampAnnotation]) },
+				DeleteFunc: func(any) { rec.event("") },
+			}); err != nil {
+				return err
+			}
+			hasSynced = append(hasSynced, inf.HasSynced)
+		}
+		f.Start(ctx.Done())
+		defer f.Shutdown()
+		ch := make(chan struct{})
+		go func() { // ends when the caches sync or ctx ends
+			if cache.WaitForCacheSync(ctx.Done(), hasSynced...) {
+				close(ch)
+			}
+		}()
+		synced = ch
+	case modeStore, modeNoStore:
+		c, err := client.Dial(*socket)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		var left sync.WaitGroup
+		left.Add(len(resources))
+		ch := make(chan struct{})
+		go func() { left.Wait(); close(ch) }() // ends when every resource synced
+		for _, gvr := range resources {
+			opts := client.WatchOptions{Resource: gvr, Namespace: *namespace, ClientName: *name}
+			var once sync.Once
+			onSynced := func() { once.Do(left.Done) }
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if *mode == modeStore {
+					h := client.HandlerFuncs{
+						AddFunc:    func(*unstructured.Unstructured) { rec.event("") },
+						UpdateFunc: func(_, obj *unstructured.Unstructured) { rec.event(obj.GetAnnotations()[stampAnnotation]) },
+						DeleteFunc: func(*unstructured.Unstructured) { rec.event("") },
+						SyncedFunc: onSynced,
+					}
+					runErr <- client.NewWatcher(c, opts, h, client.Backoff{}).Run(ctx)
+					return
+				}
+				runErr <- streamEvents(ctx, c, opts, rec, onSynced)
+			}()
+		}
+		synced = ch
+	default:
+		return fmt.Errorf("-mode: unknown mode %q (want %s, %s or %s)", *mode, modeDirect, modeStore, modeNoStore)
+	}
+
+	select {
+	case <-synced:
+	case err := <-runErr:
+		return fmt.Errorf("watch ended before sync: %w", err)
+	}
+	rec.markSynced()
+	res.SyncSeconds = time.Since(start).Seconds()
+	res.HeapLiveSynced = liveHeap()
+	fmt.Println("synced")
+
+	// Stdin closes when the writer is done.
+	_, _ = io.Copy(io.Discard, bufio.NewReader(os.Stdin))
+	select {
+	case <-rec.done:
+	case <-time.After(*wait):
+	case err := <-runErr:
+		return fmt.Errorf("watch ended: %w", err)
+	}
+	cancel()
+	wg.Wait()
+	rec.mu.Lock()
+	res.Objects, res.Events, res.LatenciesMicros, res.LastEventUnix = rec.objects, rec.events, rec.latencies, rec.last
+	rec.mu.Unlock()
+	res.CPUSeconds, res.RSSBytes, res.PeakRSSBytes = selfUsage()
+	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+// streamEvents reads one stream and decodes only the stamp annotation of
+// each object: a client without a store, such as a proxy that reacts to
+// changes.
+func streamEvents(ctx context.Context, c *client.Client, opts client.WatchOptions, rec *recorder, onSynced func()) error {
+	s, err := c.Stream(ctx, opts, "")
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	for {
+		evs, err := s.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		for _, ev := range evs {
+			switch ev.GetType() {
+			case informerdv1.EventType_EVENT_TYPE_SYNCED:
+				onSynced()
+			case informerdv1.EventType_EVENT_TYPE_BOOKMARK:
+			case informerdv1.EventType_EVENT_TYPE_RESET:
+				return errors.New("unexpected RESET")
+			default:
+				var h struct {
+					Metadata struct {
+						Annotations map[string]string `json:"annotations"`
+					} `json:"metadata"`
+				}
+				if err := json.Unmarshal(ev.GetObject(), &h); err != nil {
+					return err
+				}
+				rec.event(h.Metadata.Annotations[stampAnnotation])
+			}
+		}
+	}
+}
+
+// liveHeap forces a GC and returns the live heap it found.
+func liveHeap() uint64 {
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}

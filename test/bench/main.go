@@ -1,0 +1,201 @@
+// Command bench measures what informerd saves against the real control
+// plane: the same workload watched by N client processes that each run a
+// client-go dynamic informer (direct), and by N processes that share one
+// informerd (with and without a local store). See docs/benchmarks.md.
+//
+// `bench client ...` is the role of one client process; the harness starts
+// itself in that role.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/informerd/informerd/test/controlplane"
+)
+
+func main() {
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == "client" {
+		err = runClient(os.Args[2:])
+	} else {
+		err = run()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// workload is what one benchmark run creates and changes.
+type workload struct {
+	ConfigMaps int           `json:"configMaps"`
+	ObjectSize int           `json:"configMapBytes"`
+	Pods       int           `json:"pods"`
+	Updates    int           `json:"updates"`
+	Rate       int           `json:"updatesPerSecond"`
+	Clients    []int         `json:"clients"`
+	Modes      []string      `json:"modes"`
+	Timeout    time.Duration `json:"-"`
+}
+
+func run() error {
+	quick := os.Getenv("BENCH_QUICK") == "1"
+	w := workload{ConfigMaps: 10000, ObjectSize: 1024, Pods: 5000, Updates: 3000, Rate: 100, Clients: []int{1, 10, 50}}
+	if quick {
+		w = workload{ConfigMaps: 1000, ObjectSize: 1024, Pods: 500, Updates: 300, Rate: 100, Clients: []int{1, 10}}
+	}
+	bin := flag.String("bin", "_output/bin", "directory with the informerd binary")
+	out := flag.String("out", "_output/bench/results.json", "where to write the results as JSON")
+	flag.IntVar(&w.ConfigMaps, "configmaps", w.ConfigMaps, "ConfigMaps to create")
+	flag.IntVar(&w.ObjectSize, "configmap-bytes", w.ObjectSize, "payload bytes per ConfigMap")
+	flag.IntVar(&w.Pods, "pods", w.Pods, "Pods to create (Running on a kwok node)")
+	flag.IntVar(&w.Updates, "updates", w.Updates, "ConfigMap updates per run, each stamped with its write time")
+	flag.IntVar(&w.Rate, "rate", w.Rate, "updates per second")
+	clients := flag.String("clients", joinInts(w.Clients), "comma-separated numbers of client processes")
+	modes := flag.String("modes", strings.Join([]string{modeDirect, modeStore, modeNoStore}, ","), "comma-separated modes to run")
+	flag.DurationVar(&w.Timeout, "timeout", 10*time.Minute, "longest wait for the clients of one run to sync")
+	flag.Parse()
+	var err error
+	if w.Clients, err = parseInts(*clients); err != nil {
+		return fmt.Errorf("-clients: %w", err)
+	}
+	w.Modes = strings.Split(*modes, ",")
+	for _, m := range w.Modes {
+		if m != modeDirect && m != modeStore && m != modeNoStore {
+			return fmt.Errorf("-modes: unknown mode %q (want %s, %s or %s)", m, modeDirect, modeStore, modeNoStore)
+		}
+	}
+	if w.ConfigMaps < 1 || w.Updates < 1 || w.Rate < 1 || w.Pods < 0 {
+		return errors.New("-configmaps, -updates and -rate must be at least 1, -pods at least 0")
+	}
+	informerd, err := filepath.Abs(filepath.Join(*bin, "informerd"))
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(informerd); err != nil {
+		return fmt.Errorf("-bin: %w (run make build)", err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	say("starting the control plane (etcd, kube-apiserver, kwok with one fake node)")
+	cp, err := controlplane.Start(ctx, controlplane.Options{FakeNode: true})
+	if err != nil {
+		return err
+	}
+	defer cp.Stop()
+	h := &harness{cp: cp, w: w, self: self, informerd: informerd}
+	if err := h.populate(ctx); err != nil {
+		return err
+	}
+
+	rep := report{Machine: describeMachine(ctx, cp), Workload: w, Command: commandLine()}
+	for _, n := range w.Clients {
+		for _, mode := range w.Modes {
+			say("run: %s, %d clients", mode, n)
+			r, err := h.runOnce(ctx, mode, n)
+			if err != nil {
+				return fmt.Errorf("%s with %d clients: %w", mode, n, err)
+			}
+			rep.Runs = append(rep.Runs, r)
+		}
+	}
+	say("snapshot: a new client's snapshot of the %d ConfigMaps vs a direct LIST", w.ConfigMaps)
+	if rep.Snapshot, err = h.snapshot(ctx); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	rep.summarize()
+	rep.print(os.Stdout)
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(*out, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	say("wrote %s", *out)
+	return nil
+}
+
+func say(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench %s: "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func commandLine() string {
+	cmd := "make bench"
+	if os.Getenv("BENCH_QUICK") == "1" {
+		cmd = "make bench BENCH_QUICK=1"
+	}
+	if len(os.Args) > 1 {
+		cmd += " BENCH_FLAGS='" + strings.Join(os.Args[1:], " ") + "'"
+	}
+	return cmd
+}
+
+// machine describes where the numbers come from.
+type machine struct {
+	CPU        string `json:"cpu"`
+	CPUs       int    `json:"cpus"`
+	MemoryGiB  int    `json:"memoryGiB"`
+	GoVersion  string `json:"goVersion"`
+	Kubernetes string `json:"kubernetes"`
+	Date       string `json:"date"`
+}
+
+func describeMachine(ctx context.Context, cp *controlplane.ControlPlane) machine {
+	m := machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Date: time.Now().UTC().Format(time.DateOnly)}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				m.CPU = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	if mem, err := statusField("/proc/meminfo", "MemTotal:"); err == nil {
+		m.MemoryGiB = int((mem + 1<<29) >> 30)
+	}
+	if v, err := h2version(ctx, cp); err == nil {
+		m.Kubernetes = v
+	}
+	return m
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
