@@ -194,19 +194,24 @@ func TestWithTypeMeta(t *testing.T) {
 	tm := []byte(`{"apiVersion":"v1","kind":"ConfigMap",`)
 	tests := []struct{ in, want string }{
 		{`{"metadata":{"name":"a"}}`, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}`},
-		{` { "metadata":{}}`, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{}}`},
+		{` { "metadata":{}}`, `{"apiVersion":"v1","kind":"ConfigMap", "metadata":{}}`},
 		{`{}`, `{"apiVersion":"v1","kind":"ConfigMap"}`},
 		{`{"kind":"Other","apiVersion":"x/v1"}`, `{"kind":"Other","apiVersion":"x/v1"}`},
 	}
 	for _, tt := range tests {
-		got, err := withTypeMeta([]byte(tt.in), tm)
-		if err != nil || string(got) != tt.want {
-			t.Errorf("withTypeMeta(%s) = %s, %v; want %s", tt.in, got, err, tt.want)
+		o, err := decodeObject([]byte(tt.in), true)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if err == nil {
-			if _, err := decodeObject(got, true); err != nil {
-				t.Errorf("result %s does not decode: %v", got, err)
-			}
+		got := withTypeMeta(o, "v1", "ConfigMap", tm)
+		if string(got.JSON) != tt.want {
+			t.Errorf("withTypeMeta(%s) = %s; want %s", tt.in, got.JSON, tt.want)
+		}
+		again, err := decodeObject(got.JSON, true)
+		if err != nil {
+			t.Errorf("result %s does not decode: %v", got.JSON, err)
+		} else if again.Kind != got.Kind || again.APIVersion != got.APIVersion {
+			t.Errorf("result %s decodes as %s %s, the Object says %s %s", got.JSON, again.APIVersion, again.Kind, got.APIVersion, got.Kind)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/golang-lru/v2/expirable"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -113,6 +114,7 @@ type Manager struct {
 	// scopeCache remembers whether the daemon may watch a resource
 	// cluster-wide (ScopeAutomatic), for a minute.
 	scopeCache map[schema.GroupVersionResource]scopeDecision
+	reviews    singleflight.Group // of reviewClusterAccess, by GVR
 	lru        *expirable.LRU[Key, *entry]
 }
 
@@ -323,6 +325,19 @@ func (m *Manager) mayWatchCluster(ctx context.Context, gvr schema.GroupVersionRe
 	if ok && time.Since(d.at) < scopeTTL {
 		return d.cluster
 	}
+	// Concurrent subscribers share one review: a burst of clients must not
+	// become a burst of requests.
+	v, _, _ := m.reviews.Do(gvr.String(), func() (any, error) { return m.reviewClusterAccess(ctx, gvr), nil })
+	return v.(bool)
+}
+
+// reviewClusterAccess asks the question of mayWatchCluster and remembers
+// a definite answer. An error answers "no" (the namespace scope is always
+// safe) and is not remembered. The review outlives the asking subscriber,
+// which may leave while others wait for the same answer.
+func (m *Manager) reviewClusterAccess(ctx context.Context, gvr schema.GroupVersionResource) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.UpstreamTimeout)
+	defer cancel()
 	allowed := true
 	for _, verb := range []string{"list", "watch"} {
 		r, err := m.kube.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
@@ -330,7 +345,11 @@ func (m *Manager) mayWatchCluster(ctx context.Context, gvr schema.GroupVersionRe
 				Verb: verb, Group: gvr.Group, Version: gvr.Version, Resource: gvr.Resource,
 			}},
 		}, metav1.CreateOptions{})
-		if err != nil || !r.Status.Allowed {
+		if err != nil {
+			m.log.Warn("access review failed; using the namespace scope", "resource", gvr.String(), "err", err)
+			return false
+		}
+		if !r.Status.Allowed {
 			allowed = false
 			break
 		}

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -95,17 +96,14 @@ func (u *restUpstream) list(ctx context.Context) ([]*Object, string, error) {
 			return nil, "", fmt.Errorf("decoding list of %s: %w", u.path, err)
 		}
 		// The items of a list omit apiVersion and kind: they are the list's.
-		itemType := []byte(fmt.Sprintf(`{"apiVersion":%q,"kind":%q,`, page.APIVersion, strings.TrimSuffix(page.Kind, "List")))
+		kind := strings.TrimSuffix(page.Kind, "List")
+		itemType := []byte(fmt.Sprintf(`{"apiVersion":%q,"kind":%q,`, page.APIVersion, kind))
 		for _, raw := range page.Items {
-			raw, err := withTypeMeta(raw, itemType)
+			o, err := decodeObject(raw, u.stripMF)
 			if err != nil {
 				return nil, "", fmt.Errorf("decoding list of %s: %w", u.path, err)
 			}
-			o, err := decodeObject(raw, u.stripMF)
-			if err != nil {
-				return nil, "", err
-			}
-			objs = append(objs, o)
+			objs = append(objs, withTypeMeta(o, page.APIVersion, kind, itemType))
 		}
 		if page.Metadata.Continue == "" {
 			return objs, page.Metadata.ResourceVersion, nil
@@ -172,10 +170,12 @@ func (u *restUpstream) watch(ctx context.Context, rv string) (watchStream, error
 	return newJSONWatchStream(body, u.stripMF), nil
 }
 
-// jsonWatchStream decodes a JSON watch response body.
+// jsonWatchStream decodes a JSON watch response body: a sequence of
+// {"type":...,"object":...} values, which the API server ends with newlines.
 type jsonWatchStream struct {
 	body    io.ReadCloser
-	dec     *json.Decoder
+	r       *bufio.Reader
+	buf     []byte // read, not yet consumed: the start of the next frame
 	stripMF bool
 	// lastInitialEventsEnd is set when the last Bookmark ended a
 	// WatchList's initial events.
@@ -183,21 +183,80 @@ type jsonWatchStream struct {
 }
 
 func newJSONWatchStream(body io.ReadCloser, stripMF bool) *jsonWatchStream {
-	return &jsonWatchStream{body: body, dec: json.NewDecoder(body), stripMF: stripMF}
+	return &jsonWatchStream{body: body, r: bufio.NewReaderSize(body, 64<<10), stripMF: stripMF}
 }
 
 func (w *jsonWatchStream) close() { w.body.Close() }
 
-func (w *jsonWatchStream) next() (EventType, *Object, string, error) {
-	var frame struct {
-		Type   string          `json:"type"`
-		Object json.RawMessage `json:"object"`
+// maxFrameBytes bounds one watch event: far above any object the API
+// server stores (etcd refuses requests over 1.5 MiB by default).
+const maxFrameBytes = 64 << 20
+
+// frame returns the next top-level JSON value, valid until the next call.
+func (w *jsonWatchStream) frame() ([]byte, error) {
+	for {
+		if start := bytes.TrimLeft(w.buf, " \t\r\n"); len(start) > 0 {
+			s := &scanner{b: start}
+			err := s.skip()
+			if err == nil {
+				w.buf = start[s.i:]
+				return start[:s.i], nil
+			}
+			if !errors.Is(err, errTruncated) {
+				return nil, err
+			}
+		} else {
+			w.buf = w.buf[:0] // consumed: reuse the array
+		}
+		if len(w.buf) > maxFrameBytes {
+			return nil, fmt.Errorf("watch event larger than %d bytes", maxFrameBytes)
+		}
+		// Read up to the next newline, which ends a frame unless the
+		// sender indents its JSON.
+		for {
+			line, err := w.r.ReadSlice('\n')
+			w.buf = append(w.buf, line...)
+			switch {
+			case errors.Is(err, bufio.ErrBufferFull):
+				continue
+			case errors.Is(err, io.EOF) && len(bytes.TrimSpace(w.buf)) > 0:
+				return nil, io.ErrUnexpectedEOF
+			case err != nil:
+				return nil, err
+			}
+			break
+		}
 	}
-	if err := w.dec.Decode(&frame); err != nil {
+}
+
+func (w *jsonWatchStream) next() (EventType, *Object, string, error) {
+	b, err := w.frame()
+	if err != nil {
 		return 0, nil, "", err
 	}
+	s := &scanner{b: b}
+	typ, obj := "", []byte(nil)
+	err = s.fields(func() error {
+		k, err := s.member("type", "object")
+		switch {
+		case err != nil:
+			return err
+		case k == 0:
+			typ, err = s.optText()
+			return err
+		case k == 1:
+			start := s.i
+			err = s.skip()
+			obj = b[start:s.i]
+			return err
+		}
+		return s.skip()
+	})
+	if err != nil {
+		return 0, nil, "", fmt.Errorf("decoding watch event: %w", err)
+	}
 	var t EventType
-	switch frame.Type {
+	switch typ {
 	case "ADDED":
 		t = Added
 	case "MODIFIED":
@@ -211,99 +270,47 @@ func (w *jsonWatchStream) next() (EventType, *Object, string, error) {
 				Annotations     map[string]string `json:"annotations"`
 			} `json:"metadata"`
 		}
-		if err := json.Unmarshal(frame.Object, &h); err != nil {
+		if err := json.Unmarshal(obj, &h); err != nil {
 			return 0, nil, "", fmt.Errorf("decoding bookmark: %w", err)
 		}
 		w.lastInitialEventsEnd = h.Metadata.Annotations[metav1.InitialEventsAnnotationKey] == "true"
 		return Bookmark, nil, h.Metadata.ResourceVersion, nil
 	case "ERROR":
 		var st metav1.Status
-		if err := json.Unmarshal(frame.Object, &st); err != nil {
+		if err := json.Unmarshal(obj, &st); err != nil {
 			return 0, nil, "", fmt.Errorf("decoding watch error: %w", err)
 		}
 		return 0, nil, "", &apierrors.StatusError{ErrStatus: st}
 	default:
-		return 0, nil, "", fmt.Errorf("unknown watch event type %q", frame.Type)
+		return 0, nil, "", fmt.Errorf("unknown watch event type %q", typ)
 	}
-	obj, err := decodeObject(frame.Object, w.stripMF)
+	o, err := decodeObject(obj, w.stripMF)
 	if err != nil {
 		return 0, nil, "", err
 	}
-	return t, obj, obj.ResourceVersion, nil
+	if len(o.JSON) > 0 && len(obj) > 0 && &o.JSON[0] == &obj[0] {
+		o.JSON = bytes.Clone(obj) // the frame's bytes are reused
+	}
+	return t, o, o.ResourceVersion, nil
 }
 
-// withTypeMeta returns raw with apiVersion and kind prepended from
-// typeMeta (`{"apiVersion":...,"kind":...,`) unless it has a kind already.
-func withTypeMeta(raw, typeMeta []byte) ([]byte, error) {
-	var h struct {
-		Kind string `json:"kind"`
+// withTypeMeta returns o with apiVersion and kind from typeMeta
+// (`{"apiVersion":...,"kind":...,`) prepended to its JSON, unless it has a
+// kind already. List items come without them.
+func withTypeMeta(o *Object, apiVersion, kind string, typeMeta []byte) *Object {
+	if o.Kind != "" {
+		return o
 	}
-	if err := json.Unmarshal(raw, &h); err != nil {
-		return nil, err
-	}
-	raw = bytes.TrimLeft(raw, " \t\r\n")
-	if h.Kind != "" || len(raw) < 2 || raw[0] != '{' {
-		return raw, nil
-	}
-	rest := bytes.TrimLeft(raw[1:], " \t\r\n")
+	raw := bytes.TrimLeft(o.JSON, " \t\r\n")[1:] // after '{': scanObject checked it
 	out := make([]byte, 0, len(typeMeta)+len(raw))
 	out = append(out, typeMeta...)
-	if len(rest) > 0 && rest[0] == '}' { // an empty object
-		return append(out[:len(out)-1], rest...), nil
+	if rest := bytes.TrimLeft(raw, " \t\r\n"); rest[0] == '}' { // an empty object
+		out = append(out[:len(out)-1], rest...)
+	} else {
+		out = append(out, raw...)
 	}
-	return append(out, rest...), nil
-}
-
-// decodeObject reads the metadata of one JSON object and, if strip is set,
-// removes metadata.managedFields from its bytes. The Object keeps raw, which
-// the caller must own and not modify (json.RawMessage fields are copies).
-func decodeObject(raw []byte, strip bool) (*Object, error) {
-	var h struct {
-		APIVersion string `json:"apiVersion"`
-		Kind       string `json:"kind"`
-		Metadata   struct {
-			Namespace       string            `json:"namespace"`
-			Name            string            `json:"name"`
-			UID             string            `json:"uid"`
-			ResourceVersion string            `json:"resourceVersion"`
-			Labels          map[string]string `json:"labels"`
-			ManagedFields   json.RawMessage   `json:"managedFields"`
-		} `json:"metadata"`
-	}
-	if err := json.Unmarshal(raw, &h); err != nil {
-		return nil, fmt.Errorf("decoding object: %w", err)
-	}
-	o := &Object{
-		Namespace: h.Metadata.Namespace, Name: h.Metadata.Name, UID: h.Metadata.UID,
-		ResourceVersion: h.Metadata.ResourceVersion, Labels: h.Metadata.Labels,
-		APIVersion: h.APIVersion, Kind: h.Kind, JSON: raw,
-	}
-	if strip && len(h.Metadata.ManagedFields) > 0 && !bytes.Equal(h.Metadata.ManagedFields, []byte("null")) {
-		stripped, err := withoutManagedFields(raw)
-		if err != nil {
-			return nil, err
-		}
-		o.JSON = stripped
-	}
-	return o, nil
-}
-
-func withoutManagedFields(raw []byte) ([]byte, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &top); err != nil {
-		return nil, err
-	}
-	var meta map[string]json.RawMessage
-	if err := json.Unmarshal(top["metadata"], &meta); err != nil {
-		return nil, err
-	}
-	delete(meta, "managedFields")
-	m, err := json.Marshal(meta)
-	if err != nil {
-		return nil, err
-	}
-	top["metadata"] = m
-	return json.Marshal(top)
+	o.JSON, o.APIVersion, o.Kind = out, apiVersion, kind
+	return o
 }
 
 // watchTimeoutSeconds spreads watch lifetimes over 5-10 minutes, as the

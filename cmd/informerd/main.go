@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -45,6 +46,9 @@ type config struct {
 	upstreamTimeout time.Duration
 	keepManaged     bool
 	disableWatchLst bool
+	kubeAPIQPS      float64
+	kubeAPIBurst    int
+	enablePprof     bool
 	logLevel        slog.Level
 }
 
@@ -79,6 +83,9 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 2*time.Minute, "bound on each LIST page and on a watch that brings nothing (the API server bookmarks about every minute)")
 	fs.BoolVar(&c.keepManaged, "keep-managed-fields", false, "keep metadata.managedFields in served objects")
 	fs.BoolVar(&c.disableWatchLst, "disable-watch-list", false, "list with LIST instead of WatchList streaming")
+	fs.Float64Var(&c.kubeAPIQPS, "kube-api-qps", 50, "queries per second to the API server for LISTs, access reviews and discovery (watches are not limited)")
+	fs.IntVar(&c.kubeAPIBurst, "kube-api-burst", 100, "burst above -kube-api-qps")
+	fs.BoolVar(&c.enablePprof, "enable-pprof", false, "serve /debug/pprof/ on -metrics-address")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -114,6 +121,15 @@ func parseFlags(args []string) (*config, error) {
 	if c.logMaxBytes <= 0 {
 		return nil, fmt.Errorf("-log-max-bytes %d: must be positive", c.logMaxBytes)
 	}
+	if c.kubeAPIQPS <= 0 {
+		return nil, fmt.Errorf("-kube-api-qps %v: must be positive", c.kubeAPIQPS)
+	}
+	if c.kubeAPIBurst < 1 {
+		return nil, fmt.Errorf("-kube-api-burst %d: must be at least 1", c.kubeAPIBurst)
+	}
+	if c.enablePprof && c.metricsAddr == "" {
+		return nil, errors.New("-enable-pprof needs -metrics-address")
+	}
 	if c.logMinAge < 0 {
 		return nil, fmt.Errorf("-log-min-age %s: must not be negative", c.logMinAge)
 	}
@@ -144,6 +160,7 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	restCfg.QPS, restCfg.Burst = float32(c.kubeAPIQPS), c.kubeAPIBurst
 	reg := prometheus.NewRegistry()
 	// The GC metrics include go_gc_heap_live_bytes, the heap the last GC found
 	// live: what the informers really hold.
@@ -196,6 +213,13 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 		mux.HandleFunc("/readyz", readyz(restCfg))
+		if c.enablePprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 		httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = httpSrv.Serve(l) }() // ends when Shutdown closes it below
 	}

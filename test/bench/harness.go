@@ -409,7 +409,7 @@ func startDaemon(ctx context.Context, bin, kubeconfig string) (*daemon, error) {
 	addr := l.Addr().String()
 	l.Close()
 	d := &daemon{dir: dir, socket: filepath.Join(dir, "informerd.sock"), metrics: "http://" + addr}
-	d.cmd = exec.Command(bin, "-kubeconfig", kubeconfig, "-socket", d.socket, "-metrics-address", addr, "-log-level", "warn")
+	d.cmd = exec.Command(bin, "-kubeconfig", kubeconfig, "-socket", d.socket, "-metrics-address", addr, "-enable-pprof", "-log-level", "warn")
 	d.cmd.Stdout, d.cmd.Stderr = os.Stderr, os.Stderr
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := d.cmd.Start(); err != nil {
@@ -428,7 +428,12 @@ func startDaemon(ctx context.Context, bin, kubeconfig string) (*daemon, error) {
 
 func (d *daemon) pid() int { return d.cmd.Process.Pid }
 
+// heapLive forces a GC in the daemon (a heap profile with gc=1) and
+// returns the live heap that GC found.
 func (d *daemon) heapLive(ctx context.Context) (uint64, error) {
+	if _, err := scrape(ctx, d.metrics+"/debug/pprof/heap?gc=1"); err != nil {
+		return 0, err
+	}
 	b, err := scrape(ctx, d.metrics+"/metrics")
 	if err != nil {
 		return 0, err
