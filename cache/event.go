@@ -44,8 +44,9 @@ func (t EventType) String() string {
 	return "EventType(" + strconv.Itoa(int(t)) + ")"
 }
 
-// Object is one stored object: its JSON encoding and the metadata needed to
-// filter and index it. An Object is immutable once published.
+// Object is one stored object: its encoding as the API server sent it and
+// the metadata needed to filter and index it. An Object is immutable once
+// published.
 type Object struct {
 	Namespace       string
 	Name            string
@@ -54,9 +55,10 @@ type Object struct {
 	Labels          labels.Set
 	// APIVersion and Kind as the API server sent them.
 	APIVersion, Kind string
-	// JSON is the object, managedFields removed unless the Manager keeps
-	// them.
-	JSON []byte
+	// Data is the object, managedFields removed unless the Manager keeps
+	// them: JSON, or, for built-in types watched in protobuf, the API
+	// server's protobuf encoding (see IsProtobuf).
+	Data []byte
 }
 
 // key is the store key of an object: namespace/name, or name.

@@ -33,11 +33,11 @@ func FuzzDecodeObject(f *testing.F) {
 		}
 		compareDecoded(t, raw, got, want, wantDoc)
 		if _, err := ViewMetadata.Project(got); err != nil {
-			t.Fatalf("metadata view of %s: %v", got.JSON, err)
+			t.Fatalf("metadata view of %s: %v", got.Data, err)
 		}
 		typed := withTypeMeta(got, "v1", "ConfigMap", tm)
-		if _, err := decodeObject(typed.JSON, true); err != nil {
-			t.Fatalf("withTypeMeta gave %s, which does not decode: %v", typed.JSON, err)
+		if _, err := decodeObject(typed.Data, true); err != nil {
+			t.Fatalf("withTypeMeta gave %s, which does not decode: %v", typed.Data, err)
 		}
 	})
 }
@@ -129,12 +129,12 @@ func compareDecoded(t *testing.T, raw []byte, got, want *Object, wantDoc any) {
 		!maps.Equal(got.Labels, want.Labels) || (got.Labels == nil) != (want.Labels == nil) {
 		t.Fatalf("decodeObject(%q) = %+v, encoding/json reads %+v", raw, *got, *want)
 	}
-	gotDoc, err := decodeDoc(got.JSON)
+	gotDoc, err := decodeDoc(got.Data)
 	if err != nil {
-		t.Fatalf("decodeObject(%q) returned JSON %q that does not decode: %v", raw, got.JSON, err)
+		t.Fatalf("decodeObject(%q) returned JSON %q that does not decode: %v", raw, got.Data, err)
 	}
 	if !reflect.DeepEqual(gotDoc, wantDoc) {
-		t.Fatalf("decodeObject(%q) returned %s, want the document %v", raw, got.JSON, wantDoc)
+		t.Fatalf("decodeObject(%q) returned %s, want the document %v", raw, got.Data, wantDoc)
 	}
 }
 
@@ -152,18 +152,18 @@ func TestDecodeObject(t *testing.T) {
 	}
 	// Stripping keeps the bytes around managedFields as they were.
 	for in, want := range map[string]string{
-		`{"metadata":{"name":"a","managedFields":[{"m":"x"}]},"data":{}}`:   `{"metadata":{"name":"a"},"data":{}}`,
+		`{"metadata":{"name":"a","managedFields":[{"m":"x"}]},"data":{}}`:  `{"metadata":{"name":"a"},"data":{}}`,
 		`{"metadata":{"managedFields":[{"m":"x"}] , "name":"a"}}`:          `{"metadata":{ "name":"a"}}`,
 		`{"metadata":{"managedFields":[]}}`:                                `{"metadata":{}}`,
 		`{"metadata":{"a":1,"managedFields":[],"b":2,"managedFields":[]}}`: `{"metadata":{"a":1,"b":2}}`,
 	} {
 		got, err := decodeObject([]byte(in), true)
-		if err != nil || string(got.JSON) != want {
-			t.Errorf("decodeObject(%s) = %s, %v; want %s", in, got.JSON, err, want)
+		if err != nil || string(got.Data) != want {
+			t.Errorf("decodeObject(%s) = %s, %v; want %s", in, got.Data, err, want)
 		}
 		kept, err := decodeObject([]byte(in), false)
-		if err != nil || string(kept.JSON) != in {
-			t.Errorf("decodeObject(%s) without strip changed the bytes: %s, %v", in, kept.JSON, err)
+		if err != nil || string(kept.Data) != in {
+			t.Errorf("decodeObject(%s) without strip changed the bytes: %s, %v", in, kept.Data, err)
 		}
 	}
 }
@@ -177,7 +177,7 @@ func FuzzWatchStream(f *testing.F) {
 	f.Add([]byte(`{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired"}}`))
 	f.Add([]byte(`{"type":"MODIFIED","object":null}{"type":"NOPE"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		ws := newJSONWatchStream(io.NopCloser(bytes.NewReader(b)), true)
+		ws := newRawWatchStream(io.NopCloser(bytes.NewReader(b)), true)
 		defer ws.close()
 		for range 100 {
 			typ, obj, _, err := ws.next()
@@ -236,7 +236,7 @@ func encodingJSONDecode(raw []byte) (*Object, error) {
 		return nil, err
 	}
 	o := &Object{Namespace: h.Metadata.Namespace, Name: h.Metadata.Name, UID: h.Metadata.UID,
-		ResourceVersion: h.Metadata.ResourceVersion, Labels: h.Metadata.Labels, APIVersion: h.APIVersion, Kind: h.Kind, JSON: raw}
+		ResourceVersion: h.Metadata.ResourceVersion, Labels: h.Metadata.Labels, APIVersion: h.APIVersion, Kind: h.Kind, Data: raw}
 	if len(h.Metadata.ManagedFields) > 0 {
 		var top map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &top); err != nil {
@@ -252,7 +252,7 @@ func encodingJSONDecode(raw []byte) (*Object, error) {
 			return nil, err
 		}
 		top["metadata"] = m
-		if o.JSON, err = json.Marshal(top); err != nil {
+		if o.Data, err = json.Marshal(top); err != nil {
 			return nil, err
 		}
 	}

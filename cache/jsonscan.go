@@ -383,7 +383,7 @@ func (s *scanner) end() error {
 // Object's JSON is a new slice without it; otherwise it is raw itself.
 func decodeObject(raw []byte, strip bool) (*Object, error) {
 	s := &scanner{b: raw}
-	o := &Object{JSON: raw}
+	o := &Object{Data: raw}
 	var cuts []span // the bytes of managedFields members, with a comma
 	err := s.topObject()
 	if err == nil {
@@ -414,7 +414,7 @@ func decodeObject(raw []byte, strip bool) (*Object, error) {
 		return nil, fmt.Errorf("decoding object: %w", err)
 	}
 	if strip && len(cuts) > 0 {
-		o.JSON = cutSpans(raw, cuts)
+		o.Data = cutSpans(raw, cuts)
 	}
 	return o, nil
 }

@@ -9,6 +9,9 @@ type Key struct {
 	Namespace string
 	// FieldSelector is passed to the API server as is.
 	FieldSelector string
+	// Protobuf watches in the API server's protobuf encoding (built-in
+	// types only) and keeps objects in it.
+	Protobuf bool
 }
 
 func (k Key) String() string {
@@ -22,6 +25,9 @@ func (k Key) String() string {
 	}
 	if k.FieldSelector != "" {
 		s += " fields " + k.FieldSelector
+	}
+	if k.Protobuf {
+		s += " (protobuf)"
 	}
 	return s
 }

@@ -148,7 +148,7 @@ func (l *eventLog) bookmark(rv uint64, position string) *Event {
 func (l *eventLog) push(e logEntry) {
 	l.entries = append(l.entries, e)
 	if e.ev.Object != nil {
-		l.bytes += int64(len(e.ev.Object.JSON))
+		l.bytes += int64(len(e.ev.Object.Data))
 	}
 	if e.rv > l.lastRV {
 		l.lastRV = e.rv
@@ -169,7 +169,7 @@ func (l *eventLog) trim() {
 			break
 		}
 		if e.ev.Object != nil {
-			l.bytes -= int64(len(e.ev.Object.JSON))
+			l.bytes -= int64(len(e.ev.Object.Data))
 		}
 		l.baseSeq, l.baseRV = e.seq, e.rv
 		*e = logEntry{}

@@ -12,7 +12,7 @@ import (
 
 func obj(name, rv string, lbls map[string]string) *Object {
 	return &Object{Namespace: "ns", Name: name, ResourceVersion: rv, Labels: lbls,
-		JSON: []byte(fmt.Sprintf(`{"metadata":{"name":%q,"namespace":"ns","resourceVersion":%q}}`, name, rv))}
+		Data: []byte(fmt.Sprintf(`{"metadata":{"name":%q,"namespace":"ns","resourceVersion":%q}}`, name, rv))}
 }
 
 // describe renders events as "TYPE name@rv" for comparison.
@@ -204,14 +204,14 @@ func TestWithTypeMeta(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := withTypeMeta(o, "v1", "ConfigMap", tm)
-		if string(got.JSON) != tt.want {
-			t.Errorf("withTypeMeta(%s) = %s; want %s", tt.in, got.JSON, tt.want)
+		if string(got.Data) != tt.want {
+			t.Errorf("withTypeMeta(%s) = %s; want %s", tt.in, got.Data, tt.want)
 		}
-		again, err := decodeObject(got.JSON, true)
+		again, err := decodeObject(got.Data, true)
 		if err != nil {
-			t.Errorf("result %s does not decode: %v", got.JSON, err)
+			t.Errorf("result %s does not decode: %v", got.Data, err)
 		} else if again.Kind != got.Kind || again.APIVersion != got.APIVersion {
-			t.Errorf("result %s decodes as %s %s, the Object says %s %s", got.JSON, again.APIVersion, again.Kind, got.APIVersion, got.Kind)
+			t.Errorf("result %s decodes as %s %s, the Object says %s %s", got.Data, again.APIVersion, again.Kind, got.APIVersion, got.Kind)
 		}
 	}
 }

@@ -89,6 +89,10 @@ type Request struct {
 	WaitForResource bool
 	// Holder names the subscriber in introspection.
 	Holder string
+	// Protobuf asks for built-in types in the API server's protobuf
+	// encoding; other resources, which have none, come as JSON. Protobuf
+	// and JSON subscribers of one resource are served by separate Sources.
+	Protobuf bool
 }
 
 // Manager owns the Sources: it starts one per Key on the first
@@ -226,7 +230,9 @@ func (m *Manager) resolve(ctx context.Context, req Request) (Key, schema.GroupVe
 		return Key{}, schema.GroupVersionKind{}, err
 	}
 	gvk := mapping.GroupVersionKind
-	key := Key{GVR: mapping.Resource, FieldSelector: req.FieldSelector}
+	// Built-in types are the ones client-go knows: the API server encodes
+	// them in protobuf. Custom resources have only JSON.
+	key := Key{GVR: mapping.Resource, FieldSelector: req.FieldSelector, Protobuf: req.Protobuf && scheme.Scheme.Recognizes(gvk)}
 	if mapping.Scope.Name() != meta.RESTScopeNameNamespace || req.Namespace == "" {
 		return key, gvk, nil
 	}
@@ -379,7 +385,7 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder string) (
 		up := &restUpstream{
 			client: m.client, path: collectionPath(key), fieldSel: key.FieldSelector,
 			pageSize: m.opts.PageSize, timeout: m.opts.UpstreamTimeout,
-			stripMF: !m.opts.KeepManagedFields, watchList: !m.opts.DisableWatchList,
+			stripMF: !m.opts.KeepManagedFields, watchList: !m.opts.DisableWatchList, protobuf: key.Protobuf,
 		}
 		e = &entry{src: newSource(key, up, m.opts.Log, m.opts.UpstreamTimeout, m.log, m.metrics), holders: map[string]int{}}
 		e.src.apiVersion, e.src.kind = gvk.GroupVersion().String(), gvk.Kind

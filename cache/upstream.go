@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,8 +36,8 @@ type watchStream interface {
 	close()
 }
 
-// restUpstream talks to the API server with raw JSON, so that objects are
-// never decoded into maps.
+// restUpstream talks to the API server in raw JSON or protobuf: objects are
+// never decoded into Go types.
 type restUpstream struct {
 	client    rest.Interface
 	path      string // collection path, e.g. /apis/apps/v1/namespaces/ns/deployments
@@ -44,6 +46,22 @@ type restUpstream struct {
 	timeout   time.Duration // per LIST page; idle time of a WatchList
 	stripMF   bool
 	watchList bool // try WatchList (sendInitialEvents) before LIST
+	protobuf  bool // ask for protobuf (the server may still answer JSON)
+}
+
+// protobufAccept asks for protobuf, or JSON where a server has none.
+const protobufAccept = "application/vnd.kubernetes.protobuf, application/json"
+
+// get starts a GET of the collection with the Key's field selector.
+func (u *restUpstream) get() *rest.Request {
+	req := u.client.Get().AbsPath(u.path)
+	if u.protobuf {
+		req = req.SetHeader("Accept", protobufAccept)
+	}
+	if u.fieldSel != "" {
+		req = req.Param("fieldSelector", u.fieldSel)
+	}
+	return req
 }
 
 var _ upstream = (*restUpstream)(nil)
@@ -73,10 +91,7 @@ func (u *restUpstream) list(ctx context.Context) ([]*Object, string, error) {
 	var objs []*Object
 	cont := ""
 	for {
-		req := u.client.Get().AbsPath(u.path).Param("limit", strconv.FormatInt(u.pageSize, 10))
-		if u.fieldSel != "" {
-			req = req.Param("fieldSelector", u.fieldSel)
-		}
+		req := u.get().Param("limit", strconv.FormatInt(u.pageSize, 10))
 		if cont != "" {
 			req = req.Param("continue", cont)
 		}
@@ -85,6 +100,18 @@ func (u *restUpstream) list(ctx context.Context) ([]*Object, string, error) {
 		cancel()
 		if err != nil {
 			return nil, "", err
+		}
+		if IsProtobuf(body) {
+			items, rv, next, err := protoList(body, u.stripMF)
+			if err != nil {
+				return nil, "", fmt.Errorf("decoding list of %s: %w", u.path, err)
+			}
+			objs = append(objs, items...)
+			if next == "" {
+				return objs, rv, nil
+			}
+			cont = next
+			continue
 		}
 		var page struct {
 			APIVersion string            `json:"apiVersion"`
@@ -117,14 +144,11 @@ func (u *restUpstream) list(ctx context.Context) ([]*Object, string, error) {
 func (u *restUpstream) listByWatch(ctx context.Context) ([]*Object, string, error) {
 	ctx, touch, idle, stop := idleContext(ctx, u.timeout)
 	defer stop()
-	req := u.client.Get().AbsPath(u.path).
+	req := u.get().
 		Param("watch", "true").
 		Param("sendInitialEvents", "true").
 		Param("resourceVersionMatch", string(metav1.ResourceVersionMatchNotOlderThan)).
 		Param("allowWatchBookmarks", "true")
-	if u.fieldSel != "" {
-		req = req.Param("fieldSelector", u.fieldSel)
-	}
 	body, err := req.Stream(ctx)
 	if err != nil {
 		if apierrors.IsBadRequest(err) || apierrors.IsInvalid(err) {
@@ -132,7 +156,7 @@ func (u *restUpstream) listByWatch(ctx context.Context) ([]*Object, string, erro
 		}
 		return nil, "", idleErr(err, idle)
 	}
-	ws := newJSONWatchStream(body, u.stripMF)
+	ws := newRawWatchStream(body, u.stripMF)
 	defer ws.close()
 	var objs []*Object
 	for {
@@ -145,7 +169,7 @@ func (u *restUpstream) listByWatch(ctx context.Context) ([]*Object, string, erro
 		case Added:
 			objs = append(objs, obj)
 		case Bookmark:
-			if ws.lastInitialEventsEnd {
+			if ws.endsInitialEvents() {
 				return objs, rv, nil
 			}
 		default:
@@ -155,45 +179,56 @@ func (u *restUpstream) listByWatch(ctx context.Context) ([]*Object, string, erro
 }
 
 func (u *restUpstream) watch(ctx context.Context, rv string) (watchStream, error) {
-	req := u.client.Get().AbsPath(u.path).
+	req := u.get().
 		Param("watch", "true").
 		Param("resourceVersion", rv).
 		Param("allowWatchBookmarks", "true").
 		Param("timeoutSeconds", strconv.Itoa(watchTimeoutSeconds()))
-	if u.fieldSel != "" {
-		req = req.Param("fieldSelector", u.fieldSel)
-	}
 	body, err := req.Stream(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return newJSONWatchStream(body, u.stripMF), nil
+	return newRawWatchStream(body, u.stripMF), nil
 }
-
-// jsonWatchStream decodes a JSON watch response body: a sequence of
-// {"type":...,"object":...} values, which the API server ends with newlines.
-type jsonWatchStream struct {
-	body    io.ReadCloser
-	r       *bufio.Reader
-	buf     []byte // read, not yet consumed: the start of the next frame
-	stripMF bool
-	// lastInitialEventsEnd is set when the last Bookmark ended a
-	// WatchList's initial events.
-	lastInitialEventsEnd bool
-}
-
-func newJSONWatchStream(body io.ReadCloser, stripMF bool) *jsonWatchStream {
-	return &jsonWatchStream{body: body, r: bufio.NewReaderSize(body, 64<<10), stripMF: stripMF}
-}
-
-func (w *jsonWatchStream) close() { w.body.Close() }
 
 // maxFrameBytes bounds one watch event: far above any object the API
 // server stores (etcd refuses requests over 1.5 MiB by default).
 const maxFrameBytes = 64 << 20
 
-// frame returns the next top-level JSON value, valid until the next call.
-func (w *jsonWatchStream) frame() ([]byte, error) {
+// rawWatchStream decodes a watch response body in the format the API
+// server chose: JSON, a sequence of {"type":...,"object":...} values that
+// it ends with newlines, or protobuf, frames of a 4-byte big-endian length
+// and a metav1.WatchEvent. The first byte tells which: JSON starts with
+// '{' (or space), a protobuf frame with its length's high byte.
+type rawWatchStream struct {
+	body    io.ReadCloser
+	r       *bufio.Reader
+	buf     []byte // JSON: read, not yet consumed: the start of the next frame
+	stripMF bool
+	format  int // 0 until the first byte is read
+	// initialEventsEnd is set when the last Bookmark ended a WatchList's
+	// initial events.
+	initialEventsEnd bool
+}
+
+const (
+	formatJSON = iota + 1
+	formatProtobuf
+)
+
+func newRawWatchStream(body io.ReadCloser, stripMF bool) *rawWatchStream {
+	return &rawWatchStream{body: body, r: bufio.NewReaderSize(body, 64<<10), stripMF: stripMF}
+}
+
+func (w *rawWatchStream) close() { w.body.Close() }
+
+// endsInitialEvents reports whether the last Bookmark ended a WatchList's
+// initial events.
+func (w *rawWatchStream) endsInitialEvents() bool { return w.initialEventsEnd }
+
+// frameJSON returns the next top-level JSON value, valid until the next
+// call.
+func (w *rawWatchStream) frameJSON() ([]byte, error) {
 	for {
 		if start := bytes.TrimLeft(w.buf, " \t\r\n"); len(start) > 0 {
 			s := &scanner{b: start}
@@ -229,13 +264,97 @@ func (w *jsonWatchStream) frame() ([]byte, error) {
 	}
 }
 
-func (w *jsonWatchStream) next() (EventType, *Object, string, error) {
-	b, err := w.frame()
+// frameProtobuf returns the next length-delimited frame, valid until the
+// next call.
+func (w *rawWatchStream) frameProtobuf() ([]byte, error) {
+	var n [4]byte
+	if _, err := io.ReadFull(w.r, n[:]); err != nil {
+		return nil, err // io.EOF between frames, else io.ErrUnexpectedEOF
+	}
+	size := binary.BigEndian.Uint32(n[:])
+	if size > maxFrameBytes {
+		return nil, fmt.Errorf("watch event larger than %d bytes", maxFrameBytes)
+	}
+	w.buf = slices.Grow(w.buf[:0], int(size))[:size]
+	if _, err := io.ReadFull(w.r, w.buf); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return w.buf, nil
+}
+
+func (w *rawWatchStream) next() (EventType, *Object, string, error) {
+	if w.format == 0 {
+		c, err := w.r.Peek(1)
+		if err != nil {
+			return 0, nil, "", err
+		}
+		w.format = formatProtobuf
+		if bytes.IndexByte([]byte("{ \t\r\n"), c[0]) >= 0 {
+			w.format = formatJSON
+		}
+	}
+	var (
+		typ string
+		obj []byte
+		err error
+	)
+	if w.format == formatJSON {
+		typ, obj, err = w.nextJSON()
+	} else {
+		var b []byte
+		if b, err = w.frameProtobuf(); err == nil {
+			if typ, obj, err = protoWatchEvent(b); err != nil {
+				err = fmt.Errorf("decoding watch event: %w", err)
+			}
+		}
+	}
 	if err != nil {
 		return 0, nil, "", err
 	}
+	var t EventType
+	switch typ {
+	case "ADDED":
+		t = Added
+	case "MODIFIED":
+		t = Modified
+	case "DELETED":
+		t = Deleted
+	case "BOOKMARK":
+		rv, end, err := readBookmark(obj)
+		if err != nil {
+			return 0, nil, "", fmt.Errorf("decoding bookmark: %w", err)
+		}
+		w.initialEventsEnd = end
+		return Bookmark, nil, rv, nil
+	case "ERROR":
+		st, err := readStatus(obj)
+		if err != nil {
+			return 0, nil, "", fmt.Errorf("decoding watch error: %w", err)
+		}
+		return 0, nil, "", &apierrors.StatusError{ErrStatus: *st}
+	default:
+		return 0, nil, "", fmt.Errorf("unknown watch event type %q", typ)
+	}
+	o, err := decodeAnyObject(obj, w.stripMF)
+	if err != nil {
+		return 0, nil, "", err
+	}
+	if len(o.Data) > 0 && &o.Data[0] == &obj[0] {
+		o.Data = bytes.Clone(obj) // the frame's bytes are reused
+	}
+	return t, o, o.ResourceVersion, nil
+}
+
+// nextJSON reads the type and object of the next JSON frame.
+func (w *rawWatchStream) nextJSON() (typ string, obj []byte, err error) {
+	b, err := w.frameJSON()
+	if err != nil {
+		return "", nil, err
+	}
 	s := &scanner{b: b}
-	typ, obj := "", []byte(nil)
 	err = s.fields(func() error {
 		k, err := s.member("type", "object")
 		switch {
@@ -252,46 +371,52 @@ func (w *jsonWatchStream) next() (EventType, *Object, string, error) {
 		}
 		return s.skip()
 	})
+	if err == nil && len(obj) == 0 {
+		err = errors.New("no object")
+	}
 	if err != nil {
-		return 0, nil, "", fmt.Errorf("decoding watch event: %w", err)
+		return "", nil, fmt.Errorf("decoding watch event: %w", err)
 	}
-	var t EventType
-	switch typ {
-	case "ADDED":
-		t = Added
-	case "MODIFIED":
-		t = Modified
-	case "DELETED":
-		t = Deleted
-	case "BOOKMARK":
-		var h struct {
-			Metadata struct {
-				ResourceVersion string            `json:"resourceVersion"`
-				Annotations     map[string]string `json:"annotations"`
-			} `json:"metadata"`
-		}
-		if err := json.Unmarshal(obj, &h); err != nil {
-			return 0, nil, "", fmt.Errorf("decoding bookmark: %w", err)
-		}
-		w.lastInitialEventsEnd = h.Metadata.Annotations[metav1.InitialEventsAnnotationKey] == "true"
-		return Bookmark, nil, h.Metadata.ResourceVersion, nil
-	case "ERROR":
-		var st metav1.Status
-		if err := json.Unmarshal(obj, &st); err != nil {
-			return 0, nil, "", fmt.Errorf("decoding watch error: %w", err)
-		}
-		return 0, nil, "", &apierrors.StatusError{ErrStatus: st}
-	default:
-		return 0, nil, "", fmt.Errorf("unknown watch event type %q", typ)
+	return typ, obj, nil
+}
+
+// decodeAnyObject decodes an object in either format.
+func decodeAnyObject(data []byte, strip bool) (*Object, error) {
+	if IsProtobuf(data) {
+		return decodeProtoObject(data, strip)
 	}
-	o, err := decodeObject(obj, w.stripMF)
+	return decodeObject(data, strip)
+}
+
+// readBookmark reads a bookmark's resourceVersion and initial-events-end
+// annotation, in either format.
+func readBookmark(obj []byte) (rv string, initialEventsEnd bool, err error) {
+	if IsProtobuf(obj) {
+		return protoBookmark(obj)
+	}
+	var h struct {
+		Metadata struct {
+			ResourceVersion string            `json:"resourceVersion"`
+			Annotations     map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(obj, &h); err != nil {
+		return "", false, err
+	}
+	return h.Metadata.ResourceVersion, h.Metadata.Annotations[metav1.InitialEventsAnnotationKey] == "true", nil
+}
+
+// readStatus reads the Status of an ERROR event, in either format.
+func readStatus(obj []byte) (*metav1.Status, error) {
+	st := &metav1.Status{}
+	if !IsProtobuf(obj) {
+		return st, json.Unmarshal(obj, st)
+	}
+	_, _, raw, err := protoUnknown(obj)
 	if err != nil {
-		return 0, nil, "", err
+		return nil, err
 	}
-	if len(o.JSON) > 0 && len(obj) > 0 && &o.JSON[0] == &obj[0] {
-		o.JSON = bytes.Clone(obj) // the frame's bytes are reused
-	}
-	return t, o, o.ResourceVersion, nil
+	return st, st.Unmarshal(raw)
 }
 
 // withTypeMeta returns o with apiVersion and kind from typeMeta
@@ -301,7 +426,7 @@ func withTypeMeta(o *Object, apiVersion, kind string, typeMeta []byte) *Object {
 	if o.Kind != "" {
 		return o
 	}
-	raw := bytes.TrimLeft(o.JSON, " \t\r\n")[1:] // after '{': scanObject checked it
+	raw := bytes.TrimLeft(o.Data, " \t\r\n")[1:] // after '{': scanObject checked it
 	out := make([]byte, 0, len(typeMeta)+len(raw))
 	out = append(out, typeMeta...)
 	if rest := bytes.TrimLeft(raw, " \t\r\n"); rest[0] == '}' { // an empty object
@@ -309,7 +434,7 @@ func withTypeMeta(o *Object, apiVersion, kind string, typeMeta []byte) *Object {
 	} else {
 		out = append(out, raw...)
 	}
-	o.JSON, o.APIVersion, o.Kind = out, apiVersion, kind
+	o.Data, o.APIVersion, o.Kind = out, apiVersion, kind
 	return o
 }
 

@@ -22,15 +22,37 @@ const (
 
 var _ [MaxFrameSlots - int(numViews)]struct{} // every View has a frame slot
 
-// Project returns o as JSON in view v.
+// Project returns o in view v, in o's encoding.
 func (v View) Project(o *Object) ([]byte, error) {
-	switch v {
-	case ViewFull:
-		return o.JSON, nil
-	case ViewMetadata:
+	switch {
+	case v == ViewFull:
+		return o.Data, nil
+	case v == ViewMetadata && IsProtobuf(o.Data):
+		return metadataProto(o)
+	case v == ViewMetadata:
 		return metadataJSON(o)
 	}
 	return nil, fmt.Errorf("unknown view %d", v)
+}
+
+// metadataProto returns o, encoded in protobuf, with only its metadata
+// (field 1 of every built-in type).
+func metadataProto(o *Object) ([]byte, error) {
+	apiVersion, kind, raw, err := protoUnknown(o.Data)
+	if err != nil {
+		return nil, err
+	}
+	var meta []byte
+	err = protoFields(raw, func(fd protoField) error {
+		if fd.num == 1 {
+			meta = append(meta, raw[fd.start:fd.end]...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return appendProtoUnknown(nil, apiVersion, kind, meta), nil
 }
 
 // metadataJSON returns o with only apiVersion, kind and metadata.
@@ -38,7 +60,7 @@ func metadataJSON(o *Object) ([]byte, error) {
 	var top struct {
 		Metadata json.RawMessage `json:"metadata"`
 	}
-	if err := json.Unmarshal(o.JSON, &top); err != nil {
+	if err := json.Unmarshal(o.Data, &top); err != nil {
 		return nil, err
 	}
 	return json.Marshal(struct {

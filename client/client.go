@@ -73,12 +73,22 @@ type WatchOptions struct {
 	// WaitForResource waits for a resource the API server does not serve
 	// yet, instead of failing with NotFound.
 	WaitForResource bool
+	// Protobuf receives built-in types in the API server's protobuf
+	// encoding (custom resources still come as JSON): the daemon watches
+	// the API server in protobuf for them, and objects decode faster.
+	// NewListerWatcher then returns typed objects (client-go's scheme) for
+	// built-in types, for typed informers.
+	Protobuf bool
 }
 
 func (o WatchOptions) request(resume string) *informerdv1.WatchRequest {
 	view := informerdv1.View_VIEW_FULL
 	if o.MetadataOnly {
 		view = informerdv1.View_VIEW_METADATA
+	}
+	encoding := informerdv1.Encoding_ENCODING_JSON
+	if o.Protobuf {
+		encoding = informerdv1.Encoding_ENCODING_PROTOBUF
 	}
 	return &informerdv1.WatchRequest{
 		Resource: &informerdv1.GroupVersionResource{
@@ -92,6 +102,7 @@ func (o WatchOptions) request(resume string) *informerdv1.WatchRequest {
 		ClientName:            o.ClientName,
 		WaitForResource:       o.WaitForResource,
 		Kind:                  o.Kind,
+		Encoding:              encoding,
 	}
 }
 

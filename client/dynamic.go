@@ -52,10 +52,10 @@ func (r *dynamicResource) Namespace(ns string) dynamic.ResourceInterface {
 }
 
 func (r *dynamicResource) listWatch(o metav1.ListOptions) (*listWatch, metav1.ListOptions) {
-	lw := &listWatch{c: r.d.c, opts: WatchOptions{
+	lw := newListWatch(r.d.c, WatchOptions{
 		Resource: r.gvr, Namespace: r.namespace, ClientName: r.d.name,
 		LabelSelector: o.LabelSelector, FieldSelector: o.FieldSelector,
-	}}
+	})
 	o.LabelSelector, o.FieldSelector = "", ""
 	return lw, o
 }

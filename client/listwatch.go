@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -21,17 +22,36 @@ import (
 )
 
 // NewListerWatcher returns a client-go ListerWatcher served by the daemon,
-// so that cache.NewSharedIndexInformer (with &unstructured.Unstructured{}
-// as the object type) works unchanged. The Namespace, selectors and view of
-// opts apply; the ListOptions' selectors must be empty (put them in opts).
+// so that cache.NewSharedIndexInformer works unchanged: with
+// &unstructured.Unstructured{} as the object type, or, if opts.Protobuf is
+// set, with the built-in type (for example &corev1.Pod{}), whose objects
+// are then decoded with client-go's scheme. The Namespace, selectors and
+// view of opts apply; the ListOptions' selectors must be empty (put them in
+// opts).
 //
 // It implements client-go's WatchList semantics: a Watch with
 // SendInitialEvents streams the daemon's snapshot as ADDED events and ends
 // it with the initial-events-end bookmark. A RESET (the resume point left
 // the daemon's log) surfaces as 410 Expired, on which the reflector
 // relists.
-func NewListerWatcher(c *Client, opts WatchOptions) ListerWatcher {
-	return &listWatch{c: c, opts: opts}
+func NewListerWatcher(c *Client, opts WatchOptions) ListerWatcher { return newListWatch(c, opts) }
+
+func newListWatch(c *Client, opts WatchOptions) *listWatch {
+	lw := &listWatch{c: c, opts: opts, decode: func(b []byte) (runtime.Object, error) { return decode(b) }}
+	if opts.Protobuf {
+		lw.decode = decodeTypedOrUnstructured
+	}
+	return lw
+}
+
+// decodeTypedOrUnstructured decodes built-in types (protobuf, or the JSON
+// of a marker) into their Go types, and custom resources into Unstructured.
+func decodeTypedOrUnstructured(b []byte) (runtime.Object, error) {
+	obj, err := decodeTyped(b)
+	if err != nil && !isProtobuf(b) {
+		return decode(b)
+	}
+	return obj, err
 }
 
 // ListerWatcher is what NewListerWatcher returns: client-go's ListerWatcher
@@ -42,8 +62,9 @@ type ListerWatcher interface {
 }
 
 type listWatch struct {
-	c    *Client
-	opts WatchOptions
+	c      *Client
+	opts   WatchOptions
+	decode func([]byte) (runtime.Object, error)
 }
 
 var _ ListerWatcher = (*listWatch)(nil)
@@ -76,7 +97,7 @@ func (lw *listWatch) ListWithContext(ctx context.Context, o metav1.ListOptions) 
 		return nil, toAPIError(err)
 	}
 	defer s.Close()
-	list := &unstructured.UnstructuredList{}
+	var objs []runtime.Object
 	for {
 		evs, err := s.Recv()
 		if err != nil {
@@ -85,17 +106,35 @@ func (lw *listWatch) ListWithContext(ctx context.Context, o metav1.ListOptions) 
 		for _, ev := range evs {
 			switch ev.GetType() {
 			case informerdv1.EventType_EVENT_TYPE_ADDED:
-				obj, err := decode(ev.GetObject())
+				obj, err := lw.decode(ev.GetObject())
 				if err != nil {
 					return nil, err
 				}
-				list.Items = append(list.Items, *obj)
+				objs = append(objs, obj)
 			case informerdv1.EventType_EVENT_TYPE_SYNCED:
-				list.SetResourceVersion(ev.GetResourceVersion())
-				return list, nil
+				return lw.list(objs, ev.GetResourceVersion()), nil
 			}
 		}
 	}
+}
+
+// list returns an UnstructuredList of objs, or, for typed objects, a
+// metav1.List (meta.ExtractList reads both).
+func (lw *listWatch) list(objs []runtime.Object, rv string) runtime.Object {
+	if !lw.opts.Protobuf {
+		l := &unstructured.UnstructuredList{Items: make([]unstructured.Unstructured, len(objs))}
+		for i, o := range objs {
+			l.Items[i] = *o.(*unstructured.Unstructured)
+		}
+		l.SetResourceVersion(rv)
+		return l
+	}
+	l := &metav1.List{Items: make([]runtime.RawExtension, len(objs))}
+	for i, o := range objs {
+		l.Items[i].Object = o
+	}
+	l.ResourceVersion = rv
+	return l
 }
 
 // WatchWithContext opens a watch after o.ResourceVersion, or with initial
@@ -115,7 +154,7 @@ func (lw *listWatch) WatchWithContext(ctx context.Context, o metav1.ListOptions)
 		return nil, toAPIError(err)
 	}
 	w := &streamWatch{s: s, out: make(chan watch.Event), done: make(chan struct{}),
-		bookmarks: o.AllowWatchBookmarks, watchList: watchList}
+		bookmarks: o.AllowWatchBookmarks, watchList: watchList, decode: lw.decode}
 	go w.run() // ends when the stream ends or Stop cancels it
 	return w, nil
 }
@@ -128,6 +167,7 @@ type streamWatch struct {
 	stopOnce  sync.Once
 	bookmarks bool
 	watchList bool
+	decode    func([]byte) (runtime.Object, error)
 }
 
 func (w *streamWatch) Stop() {
@@ -182,12 +222,12 @@ func (w *streamWatch) deliver(ev *informerdv1.Event) bool {
 		if !w.bookmarks || ev.GetResourceVersion() == "" {
 			return true
 		}
-		return w.send(watch.Event{Type: watch.Bookmark, Object: bookmark(ev, false)})
+		return w.send(watch.Event{Type: watch.Bookmark, Object: w.bookmark(ev, false)})
 	case informerdv1.EventType_EVENT_TYPE_SYNCED:
 		if !w.watchList {
 			return true // a plain watch from "" sends the initial state as ADDED only
 		}
-		return w.send(watch.Event{Type: watch.Bookmark, Object: bookmark(ev, true)})
+		return w.send(watch.Event{Type: watch.Bookmark, Object: w.bookmark(ev, true)})
 	case informerdv1.EventType_EVENT_TYPE_RESET:
 		st := apierrors.NewResourceExpired("informerd: the resume point left the daemon's event log; relist").ErrStatus
 		w.send(watch.Event{Type: watch.Error, Object: &st})
@@ -195,7 +235,7 @@ func (w *streamWatch) deliver(ev *informerdv1.Event) bool {
 	default:
 		return true
 	}
-	obj, err := decode(ev.GetObject())
+	obj, err := w.decode(ev.GetObject())
 	if err != nil {
 		st := apierrors.NewInternalError(err).ErrStatus
 		w.send(watch.Event{Type: watch.Error, Object: &st})
@@ -205,15 +245,20 @@ func (w *streamWatch) deliver(ev *informerdv1.Event) bool {
 }
 
 // bookmark returns the object of a BOOKMARK or SYNCED event: the daemon
-// sends one of the resource's kind (the reflector checks the kind).
-func bookmark(ev *informerdv1.Event, initialEventsEnd bool) *unstructured.Unstructured {
-	b, err := decode(ev.GetObject())
+// sends one of the resource's kind (the reflector checks the type).
+func (w *streamWatch) bookmark(ev *informerdv1.Event, initialEventsEnd bool) runtime.Object {
+	b, err := w.decode(ev.GetObject())
 	if err != nil {
 		b = &unstructured.Unstructured{Object: map[string]any{}}
 	}
-	b.SetResourceVersion(ev.GetResourceVersion())
+	m, err := meta.Accessor(b)
+	if err != nil {
+		m = &unstructured.Unstructured{Object: map[string]any{}}
+		b = m.(runtime.Object)
+	}
+	m.SetResourceVersion(ev.GetResourceVersion())
 	if initialEventsEnd {
-		b.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
+		m.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
 	}
 	return b
 }

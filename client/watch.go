@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -10,6 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/scheme"
 
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
@@ -249,11 +252,42 @@ func (w *Watcher) upsert(k string, obj *unstructured.Unstructured) {
 	}
 }
 
+// decode decodes an object from the daemon into Unstructured: JSON
+// directly, protobuf through client-go's scheme.
 func decode(b []byte) (*unstructured.Unstructured, error) {
+	if isProtobuf(b) {
+		typed, err := decodeTyped(b)
+		if err != nil {
+			return nil, err
+		}
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(typed)
+		if err != nil {
+			return nil, fmt.Errorf("decoding object from informerd: %w", err)
+		}
+		u := &unstructured.Unstructured{Object: m}
+		u.SetGroupVersionKind(typed.GetObjectKind().GroupVersionKind())
+		return u, nil
+	}
 	obj := &unstructured.Unstructured{}
 	if err := obj.UnmarshalJSON(b); err != nil {
 		return nil, fmt.Errorf("decoding object from informerd: %w", err)
 	}
+	return obj, nil
+}
+
+// protobufMagic starts every object in the API server's protobuf encoding.
+var protobufMagic = []byte("k8s\x00")
+
+func isProtobuf(b []byte) bool { return bytes.HasPrefix(b, protobufMagic) }
+
+// decodeTyped decodes a built-in type, in protobuf or JSON, with
+// client-go's scheme, keeping its apiVersion and kind.
+func decodeTyped(b []byte) (runtime.Object, error) {
+	obj, gvk, err := scheme.Codecs.UniversalDeserializer().Decode(b, nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("decoding object from informerd: %w", err)
+	}
+	obj.GetObjectKind().SetGroupVersionKind(*gvk)
 	return obj, nil
 }
 

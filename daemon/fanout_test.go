@@ -200,7 +200,7 @@ func subscribeRaw(t testing.TB, socket string) *subscriber {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
+	t.Cleanup(func() { _ = conn.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	s, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, informerdv1.InformerService_Watch_FullMethodName,
 		grpc.ForceCodecV2(countingCodec{encoding.GetCodecV2("proto")}))

@@ -152,7 +152,7 @@ func encodeEvent(e *cache.Event, view cache.View, apiVersion, kind string) []byt
 		if err != nil {
 			// The API server sent this JSON; a projection cannot fail on
 			// it. Send the full object rather than nothing.
-			obj = e.Object.JSON
+			obj = e.Object.Data
 		}
 		ev.Object = obj
 	}

@@ -76,6 +76,14 @@ func validateWatch(req *informerdv1.WatchRequest) (cache.Request, cache.View, er
 	default:
 		return invalid("view %d is not a known View", req.GetView())
 	}
+	var protobuf bool
+	switch req.GetEncoding() {
+	case informerdv1.Encoding_ENCODING_UNSPECIFIED, informerdv1.Encoding_ENCODING_JSON:
+	case informerdv1.Encoding_ENCODING_PROTOBUF:
+		protobuf = true
+	default:
+		return invalid("encoding %d is not a known Encoding", req.GetEncoding())
+	}
 	name := req.GetClientName()
 	if len(name) > maxClientName {
 		return invalid("client_name is %d bytes long, at most %d are allowed", len(name), maxClientName)
@@ -92,5 +100,6 @@ func validateWatch(req *informerdv1.WatchRequest) (cache.Request, cache.View, er
 		Resume:          req.GetResumeResourceVersion(),
 		WaitForResource: req.GetWaitForResource(),
 		Holder:          name,
+		Protobuf:        protobuf,
 	}, view, nil
 }

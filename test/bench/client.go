@@ -12,13 +12,19 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -28,10 +34,14 @@ import (
 
 // The client modes: what one client process runs.
 const (
-	modeDirect  = "direct"         // a client-go dynamic informer per resource
-	modeStore   = "shared-store"   // informerd's client.Watcher (a local store)
-	modeNoStore = "shared-nostore" // informerd's client.Stream, no store
+	modeDirect      = "direct"         // a client-go dynamic informer per resource
+	modeStore       = "shared-store"   // informerd's client.Watcher (a local store)
+	modeNoStore     = "shared-nostore" // informerd's client.Stream, no store
+	modeDirectTyped = "direct-typed"   // a client-go typed informer (protobuf) per resource
+	modeSharedTyped = "shared-typed"   // typed informers on informerd's ListerWatcher, protobuf
 )
+
+var modes = []string{modeDirect, modeStore, modeNoStore, modeDirectTyped, modeSharedTyped}
 
 // stampAnnotation carries the UnixNano time at which the writer sent an
 // update; clients compute delivery latency from it.
@@ -40,6 +50,21 @@ const stampAnnotation = "bench.informerd.io/written"
 var resources = []schema.GroupVersionResource{
 	{Version: "v1", Resource: "configmaps"},
 	{Version: "v1", Resource: "pods"},
+}
+
+// typedExamples are the Go types of resources, for typed informers.
+var typedExamples = []kruntime.Object{&corev1.ConfigMap{}, &corev1.Pod{}}
+
+// handler records every event of an informer with rec.
+func handler(rec *recorder) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { rec.event("") },
+		UpdateFunc: func(_, obj any) {
+			m, _ := meta.Accessor(obj)
+			rec.event(m.GetAnnotations()[stampAnnotation])
+		},
+		DeleteFunc: func(any) { rec.event("") },
+	}
 }
 
 // clientResult is what a client process reports on stdout when it ends.
@@ -142,27 +167,42 @@ func runClient(args []string) error {
 			return err
 		}
 		f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dc, 0, *namespace, nil)
-		var hasSynced []cache.InformerSynced
+		var infs []cache.SharedIndexInformer
 		for _, gvr := range resources {
-			inf := f.ForResource(gvr).Informer()
-			if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-				AddFunc:    func(any) { rec.event("") },
-				UpdateFunc: func(_, obj any) { rec.event(obj.(*unstructured.Unstructured).GetAnnotations()[stampAnnotation]) },
-				DeleteFunc: func(any) { rec.event("") },
-			}); err != nil {
-				return err
-			}
-			hasSynced = append(hasSynced, inf.HasSynced)
+			infs = append(infs, f.ForResource(gvr).Informer())
 		}
-		f.Start(ctx.Done())
-		defer f.Shutdown()
-		ch := make(chan struct{})
-		go func() { // ends when the caches sync or ctx ends
-			if cache.WaitForCacheSync(ctx.Done(), hasSynced...) {
-				close(ch)
-			}
-		}()
-		synced = ch
+		if synced, err = runInformers(ctx, &wg, infs, rec); err != nil {
+			return err
+		}
+	case modeDirectTyped:
+		cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+		if err != nil {
+			return err
+		}
+		cfg.ContentType = kruntime.ContentTypeProtobuf
+		kc, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return err
+		}
+		f := informers.NewSharedInformerFactoryWithOptions(kc, 0, informers.WithNamespace(*namespace))
+		infs := []cache.SharedIndexInformer{f.Core().V1().ConfigMaps().Informer(), f.Core().V1().Pods().Informer()}
+		if synced, err = runInformers(ctx, &wg, infs, rec); err != nil {
+			return err
+		}
+	case modeSharedTyped:
+		c, err := client.Dial(*socket)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		var infs []cache.SharedIndexInformer
+		for i, gvr := range resources {
+			lw := client.NewListerWatcher(c, client.WatchOptions{Resource: gvr, Namespace: *namespace, ClientName: *name, Protobuf: true})
+			infs = append(infs, cache.NewSharedIndexInformer(lw, typedExamples[i], 0, cache.Indexers{}))
+		}
+		if synced, err = runInformers(ctx, &wg, infs, rec); err != nil {
+			return err
+		}
 	case modeStore, modeNoStore:
 		c, err := client.Dial(*socket)
 		if err != nil {
@@ -195,7 +235,7 @@ func runClient(args []string) error {
 		}
 		synced = ch
 	default:
-		return fmt.Errorf("-mode: unknown mode %q (want %s, %s or %s)", *mode, modeDirect, modeStore, modeNoStore)
+		return fmt.Errorf("-mode: unknown mode %q (want one of %s)", *mode, strings.Join(modes, ", "))
 	}
 
 	select {
@@ -223,6 +263,29 @@ func runClient(args []string) error {
 	rec.mu.Unlock()
 	res.CPUSeconds, res.RSSBytes, res.PeakRSSBytes = selfUsage()
 	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+// runInformers adds rec's handler to each informer and runs them until ctx
+// ends (wg tracks them); the channel closes once all have synced.
+func runInformers(ctx context.Context, wg *sync.WaitGroup, infs []cache.SharedIndexInformer, rec *recorder) (<-chan struct{}, error) {
+	var hasSynced []cache.InformerSynced
+	for _, inf := range infs {
+		if _, err := inf.AddEventHandler(handler(rec)); err != nil {
+			return nil, err
+		}
+		hasSynced = append(hasSynced, inf.HasSynced)
+		wg.Add(1)
+		go func() { defer wg.Done(); inf.RunWithContext(ctx) }()
+	}
+	ch := make(chan struct{})
+	wg.Add(1)
+	go func() { // ends when the caches sync or ctx ends
+		defer wg.Done()
+		if cache.WaitForCacheSync(ctx.Done(), hasSynced...) {
+			close(ch)
+		}
+	}()
+	return ch, nil
 }
 
 // streamEvents reads one stream and decodes only the stamp annotation of

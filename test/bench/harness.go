@@ -93,8 +93,13 @@ func (h *harness) populate(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
-		l, err := admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{FieldSelector: "status.phase!=Running", Limit: 1})
+	err = wait.PollUntilContextTimeout(ctx, 5*time.Second, 15*time.Minute, true, func(ctx context.Context) (bool, error) {
+		// No limit: a page of a filtered list may be empty and still
+		// have a continuation.
+		l, err := admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{FieldSelector: "status.phase!=Running"})
+		if err == nil && len(l.Items) > 0 {
+			say("%d of %d Pods are not Running yet", len(l.Items), h.w.Pods)
+		}
 		return err == nil && len(l.Items) == 0, nil
 	})
 	if err != nil {
@@ -171,8 +176,13 @@ type runResult struct {
 	Clients int    `json:"clients"`
 	// Upstream cost: requests the API server served for configmaps and
 	// pods during the run (its apiserver_request_total), and its CPU.
-	UpstreamLists       int     `json:"upstreamLists"`
-	UpstreamWatches     int     `json:"upstreamWatches"`
+	UpstreamLists   int `json:"upstreamLists"`
+	UpstreamWatches int `json:"upstreamWatches"`
+	// DaemonLists and DaemonWatches are the daemon's own count of the
+	// lists (LIST or WatchList) and watches it sent: the API server's
+	// counts above also hold kwok's and other clients' requests.
+	DaemonLists         int     `json:"daemonLists,omitempty"`
+	DaemonWatches       int     `json:"daemonWatches,omitempty"`
 	APIServerCPUSeconds float64 `json:"apiserverCpuSeconds"`
 	// Node cost: every client process plus the daemon.
 	NodeCPUSeconds   float64 `json:"nodeCpuSeconds"`
@@ -216,7 +226,7 @@ func (h *harness) runOnce(ctx context.Context, mode string, n int) (runResult, e
 
 	var d *daemon
 	args := []string{"client", "-mode", mode, "-namespace", namespace, "-updates", strconv.Itoa(h.w.Updates)}
-	if mode == modeDirect {
+	if strings.HasPrefix(mode, "direct") {
 		args = append(args, "-kubeconfig", h.cp.KubeconfigPath)
 	} else {
 		if d, err = startDaemon(ctx, h.informerd, h.cp.KubeconfigPath); err != nil {
@@ -266,6 +276,12 @@ func (h *harness) runOnce(ctx context.Context, mode string, n int) (runResult, e
 		return r, err
 	}
 	if d != nil {
+		b, err := scrape(ctx, d.metrics+"/metrics")
+		if err != nil {
+			return r, err
+		}
+		r.DaemonLists = int(metricSum(b, "informerd_upstream_lists_total"))
+		r.DaemonWatches = int(metricSum(b, "informerd_upstream_watches_total"))
 		if r.DaemonCPUSeconds, err = procCPUSeconds(d.pid()); err != nil {
 			return r, err
 		}

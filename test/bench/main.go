@@ -17,6 +17,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -64,17 +65,17 @@ func run() error {
 	flag.IntVar(&w.Updates, "updates", w.Updates, "ConfigMap updates per run, each stamped with its write time")
 	flag.IntVar(&w.Rate, "rate", w.Rate, "updates per second")
 	clients := flag.String("clients", joinInts(w.Clients), "comma-separated numbers of client processes")
-	modes := flag.String("modes", strings.Join([]string{modeDirect, modeStore, modeNoStore}, ","), "comma-separated modes to run")
+	modeList := flag.String("modes", strings.Join(modes, ","), "comma-separated modes to run")
 	flag.DurationVar(&w.Timeout, "timeout", 10*time.Minute, "longest wait for the clients of one run to sync")
 	flag.Parse()
 	var err error
 	if w.Clients, err = parseInts(*clients); err != nil {
 		return fmt.Errorf("-clients: %w", err)
 	}
-	w.Modes = strings.Split(*modes, ",")
+	w.Modes = strings.Split(*modeList, ",")
 	for _, m := range w.Modes {
-		if m != modeDirect && m != modeStore && m != modeNoStore {
-			return fmt.Errorf("-modes: unknown mode %q (want %s, %s or %s)", m, modeDirect, modeStore, modeNoStore)
+		if !slices.Contains(modes, m) {
+			return fmt.Errorf("-modes: unknown mode %q (want one of %s)", m, strings.Join(modes, ", "))
 		}
 	}
 	if w.ConfigMaps < 1 || w.Updates < 1 || w.Rate < 1 || w.Pods < 0 {

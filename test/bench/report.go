@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"text/tabwriter"
 )
 
@@ -41,8 +42,8 @@ func (r *report) summarize() {
 	}
 	maxN := slices.Max(r.Workload.Clients)
 	if s, d := r.find(modeNoStore, maxN), r.find(modeDirect, maxN); s != nil && d != nil {
-		add(fmt.Sprintf("upstream LIST+WATCH, shared vs direct, N=%d", maxN), "2 per resource (1 LIST + 1 WATCH) vs 2N",
-			float64(s.UpstreamLists+s.UpstreamWatches), s.UpstreamLists+s.UpstreamWatches <= 2*len(resources))
+		add(fmt.Sprintf("daemon's lists+watches for %d resources, N=%d (direct: %d at the API server)", len(resources), maxN, d.UpstreamLists+d.UpstreamWatches),
+			"1 list + 1 watch per resource", float64(s.DaemonLists+s.DaemonWatches), s.DaemonLists <= len(resources) && s.DaemonWatches <= len(resources))
 		add(fmt.Sprintf("API server CPU, direct / shared, N=%d", maxN), "> 1", d.APIServerCPUSeconds/s.APIServerCPUSeconds,
 			d.APIServerCPUSeconds > s.APIServerCPUSeconds)
 	}
@@ -58,11 +59,11 @@ func (r *report) summarize() {
 		if n < 10 {
 			continue
 		}
-		d := r.find(modeDirect, n)
-		for _, mode := range []string{modeStore, modeNoStore} {
-			if s := r.find(mode, n); s != nil && d != nil && d.LatencyP99Millis > 0 {
+		for _, pair := range [][2]string{{modeStore, modeDirect}, {modeNoStore, modeDirect}, {modeSharedTyped, modeDirectTyped}} {
+			s, d := r.find(pair[0], n), r.find(pair[1], n)
+			if s != nil && d != nil && d.LatencyP99Millis > 0 {
 				ratio := s.LatencyP99Millis / d.LatencyP99Millis
-				add(fmt.Sprintf("p99 latency %s / direct, N=%d", mode, n), "<= 1.5", ratio, ratio <= 1.5)
+				add(fmt.Sprintf("p99 latency %s / %s, N=%d", pair[0], pair[1], n), "<= 1.5", ratio, ratio <= 1.5)
 			}
 		}
 	}
@@ -81,18 +82,22 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintf(w, "workload: %d ConfigMaps of %d B + %d Pods; %d updates at %d/s; command: %s\n\n",
 		wl.ConfigMaps, wl.ObjectSize, wl.Pods, wl.Updates, wl.Rate, r.Command)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tN\tLISTs\tWATCHes\tapiserver CPU s\tnode CPU s\tnode RSS MiB\tsync s (median)\tp50 ms\tp99 ms\tdelivered/s\tmissed\tclient heap B/obj\tdaemon heap B/obj\t")
+	fmt.Fprintln(tw, "mode\tN\tLISTs\tWATCHes\tdaemon L+W\tapiserver CPU s\tnode CPU s\tnode RSS MiB\tsync s (median)\tp50 ms\tp99 ms\tdelivered/s\tmissed\tclient heap B/obj\tdaemon heap B/obj\t")
 	for _, x := range r.Runs {
 		daemonHeap := "-"
-		if x.Mode != modeDirect {
+		if !strings.HasPrefix(x.Mode, "direct") {
 			daemonHeap = fmt.Sprintf("%.0f", x.DaemonHeapPerObject)
 		}
 		clientHeap := fmt.Sprintf("%.0f", x.ClientHeapPerObject)
 		if x.Mode == modeNoStore {
 			clientHeap = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.1f\t%.1f\t%.0f\t%.2f\t%.1f\t%.1f\t%.0f\t%d\t%s\t%s\t\n",
-			x.Mode, x.Clients, x.UpstreamLists, x.UpstreamWatches, x.APIServerCPUSeconds, x.NodeCPUSeconds,
+		daemonLW := "-"
+		if !strings.HasPrefix(x.Mode, "direct") {
+			daemonLW = fmt.Sprintf("%d+%d", x.DaemonLists, x.DaemonWatches)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%.1f\t%.1f\t%.0f\t%.2f\t%.1f\t%.1f\t%.0f\t%d\t%s\t%s\t\n",
+			x.Mode, x.Clients, x.UpstreamLists, x.UpstreamWatches, daemonLW, x.APIServerCPUSeconds, x.NodeCPUSeconds,
 			float64(x.NodeRSSBytes)/(1<<20), x.SyncSecondsMedian, x.LatencyP50Millis, x.LatencyP99Millis,
 			x.EventsPerS, x.Missed, clientHeap, daemonHeap)
 	}

@@ -21,15 +21,73 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Encoding selects how a stream encodes objects.
+type Encoding int32
+
+const (
+	// ENCODING_UNSPECIFIED means ENCODING_JSON.
+	Encoding_ENCODING_UNSPECIFIED Encoding = 0
+	// ENCODING_JSON carries objects as JSON.
+	Encoding_ENCODING_JSON Encoding = 1
+	// ENCODING_PROTOBUF carries built-in types as the API server encodes them
+	// in protobuf ("k8s\x00" and a runtime.Unknown, what a GET with Accept:
+	// application/vnd.kubernetes.protobuf returns), and other resources,
+	// which have no protobuf encoding, as JSON: tell them apart by their
+	// first bytes. The daemon then watches the API server in protobuf too.
+	Encoding_ENCODING_PROTOBUF Encoding = 2
+)
+
+// Enum value maps for Encoding.
+var (
+	Encoding_name = map[int32]string{
+		0: "ENCODING_UNSPECIFIED",
+		1: "ENCODING_JSON",
+		2: "ENCODING_PROTOBUF",
+	}
+	Encoding_value = map[string]int32{
+		"ENCODING_UNSPECIFIED": 0,
+		"ENCODING_JSON":        1,
+		"ENCODING_PROTOBUF":    2,
+	}
+)
+
+func (x Encoding) Enum() *Encoding {
+	p := new(Encoding)
+	*p = x
+	return p
+}
+
+func (x Encoding) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Encoding) Descriptor() protoreflect.EnumDescriptor {
+	return file_informerd_v1_informerd_proto_enumTypes[0].Descriptor()
+}
+
+func (Encoding) Type() protoreflect.EnumType {
+	return &file_informerd_v1_informerd_proto_enumTypes[0]
+}
+
+func (x Encoding) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Encoding.Descriptor instead.
+func (Encoding) EnumDescriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{0}
+}
+
 // View selects the projection of each object that a stream carries.
 type View int32
 
 const (
 	// VIEW_UNSPECIFIED means VIEW_FULL.
 	View_VIEW_UNSPECIFIED View = 0
-	// VIEW_FULL carries the whole object as JSON, managedFields removed.
+	// VIEW_FULL carries the whole object, managedFields removed.
 	View_VIEW_FULL View = 1
-	// VIEW_METADATA carries apiVersion, kind and metadata only, as JSON.
+	// VIEW_METADATA carries apiVersion, kind and metadata only (in protobuf,
+	// the object's type with only its metadata field).
 	View_VIEW_METADATA View = 2
 )
 
@@ -58,11 +116,11 @@ func (x View) String() string {
 }
 
 func (View) Descriptor() protoreflect.EnumDescriptor {
-	return file_informerd_v1_informerd_proto_enumTypes[0].Descriptor()
+	return file_informerd_v1_informerd_proto_enumTypes[1].Descriptor()
 }
 
 func (View) Type() protoreflect.EnumType {
-	return &file_informerd_v1_informerd_proto_enumTypes[0]
+	return &file_informerd_v1_informerd_proto_enumTypes[1]
 }
 
 func (x View) Number() protoreflect.EnumNumber {
@@ -71,7 +129,7 @@ func (x View) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use View.Descriptor instead.
 func (View) EnumDescriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{0}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{1}
 }
 
 // EventType says what an Event means.
@@ -130,11 +188,11 @@ func (x EventType) String() string {
 }
 
 func (EventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_informerd_v1_informerd_proto_enumTypes[1].Descriptor()
+	return file_informerd_v1_informerd_proto_enumTypes[2].Descriptor()
 }
 
 func (EventType) Type() protoreflect.EnumType {
-	return &file_informerd_v1_informerd_proto_enumTypes[1]
+	return &file_informerd_v1_informerd_proto_enumTypes[2]
 }
 
 func (x EventType) Number() protoreflect.EnumNumber {
@@ -143,7 +201,7 @@ func (x EventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EventType.Descriptor instead.
 func (EventType) EnumDescriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{1}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{2}
 }
 
 // GroupVersionResource names a Kubernetes resource, as in an API path.
@@ -237,7 +295,9 @@ type WatchRequest struct {
 	// kind names the resource by kind (for example "Deployment", with
 	// resource.group "apps") instead of resource.resource, which must then be
 	// empty; an empty resource.version means the server's preferred version.
-	Kind          string `protobuf:"bytes,9,opt,name=kind,proto3" json:"kind,omitempty"`
+	Kind string `protobuf:"bytes,9,opt,name=kind,proto3" json:"kind,omitempty"`
+	// encoding selects how objects are encoded.
+	Encoding      Encoding `protobuf:"varint,10,opt,name=encoding,proto3,enum=informerd.v1.Encoding" json:"encoding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -335,6 +395,13 @@ func (x *WatchRequest) GetKind() string {
 	return ""
 }
 
+func (x *WatchRequest) GetEncoding() Encoding {
+	if x != nil {
+		return x.Encoding
+	}
+	return Encoding_ENCODING_UNSPECIFIED
+}
+
 // WatchResponse carries the events that were ready together, in order.
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -386,8 +453,8 @@ type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// type says what the event means.
 	Type EventType `protobuf:"varint,1,opt,name=type,proto3,enum=informerd.v1.EventType" json:"type,omitempty"`
-	// object is the object in the requested view, as JSON. For BOOKMARK and
-	// SYNCED it is an object of the resource's kind carrying only
+	// object is the object in the requested view and encoding. For BOOKMARK
+	// and SYNCED it is a JSON object of the resource's kind carrying only
 	// metadata.resourceVersion, as the API server's bookmarks; empty for RESET.
 	Object []byte `protobuf:"bytes,2,opt,name=object,proto3" json:"object,omitempty"`
 	// resource_version is the position of the stream after this event;
@@ -676,7 +743,7 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x14GroupVersionResource\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1a\n" +
-	"\bresource\x18\x03 \x01(\tR\bresource\"\xfb\x02\n" +
+	"\bresource\x18\x03 \x01(\tR\bresource\"\xaf\x03\n" +
 	"\fWatchRequest\x12>\n" +
 	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -687,7 +754,9 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\vclient_name\x18\a \x01(\tR\n" +
 	"clientName\x12*\n" +
 	"\x11wait_for_resource\x18\b \x01(\bR\x0fwaitForResource\x12\x12\n" +
-	"\x04kind\x18\t \x01(\tR\x04kind\"<\n" +
+	"\x04kind\x18\t \x01(\tR\x04kind\x122\n" +
+	"\bencoding\x18\n" +
+	" \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding\"<\n" +
 	"\rWatchResponse\x12+\n" +
 	"\x06events\x18\x01 \x03(\v2\x13.informerd.v1.EventR\x06events\"w\n" +
 	"\x05Event\x12+\n" +
@@ -709,7 +778,11 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x10resource_version\x18\t \x01(\tR\x0fresourceVersion\x12$\n" +
 	"\x0emax_lag_events\x18\n" +
 	" \x01(\x03R\fmaxLagEvents\x12\x18\n" +
-	"\amessage\x18\v \x01(\tR\amessage*>\n" +
+	"\amessage\x18\v \x01(\tR\amessage*N\n" +
+	"\bEncoding\x12\x18\n" +
+	"\x14ENCODING_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rENCODING_JSON\x10\x01\x12\x15\n" +
+	"\x11ENCODING_PROTOBUF\x10\x02*>\n" +
 	"\x04View\x12\x14\n" +
 	"\x10VIEW_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tVIEW_FULL\x10\x01\x12\x11\n" +
@@ -738,35 +811,37 @@ func file_informerd_v1_informerd_proto_rawDescGZIP() []byte {
 	return file_informerd_v1_informerd_proto_rawDescData
 }
 
-var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_informerd_v1_informerd_proto_goTypes = []any{
-	(View)(0),                     // 0: informerd.v1.View
-	(EventType)(0),                // 1: informerd.v1.EventType
-	(*GroupVersionResource)(nil),  // 2: informerd.v1.GroupVersionResource
-	(*WatchRequest)(nil),          // 3: informerd.v1.WatchRequest
-	(*WatchResponse)(nil),         // 4: informerd.v1.WatchResponse
-	(*Event)(nil),                 // 5: informerd.v1.Event
-	(*ListInformersRequest)(nil),  // 6: informerd.v1.ListInformersRequest
-	(*ListInformersResponse)(nil), // 7: informerd.v1.ListInformersResponse
-	(*Informer)(nil),              // 8: informerd.v1.Informer
+	(Encoding)(0),                 // 0: informerd.v1.Encoding
+	(View)(0),                     // 1: informerd.v1.View
+	(EventType)(0),                // 2: informerd.v1.EventType
+	(*GroupVersionResource)(nil),  // 3: informerd.v1.GroupVersionResource
+	(*WatchRequest)(nil),          // 4: informerd.v1.WatchRequest
+	(*WatchResponse)(nil),         // 5: informerd.v1.WatchResponse
+	(*Event)(nil),                 // 6: informerd.v1.Event
+	(*ListInformersRequest)(nil),  // 7: informerd.v1.ListInformersRequest
+	(*ListInformersResponse)(nil), // 8: informerd.v1.ListInformersResponse
+	(*Informer)(nil),              // 9: informerd.v1.Informer
 }
 var file_informerd_v1_informerd_proto_depIdxs = []int32{
-	2, // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
-	0, // 1: informerd.v1.WatchRequest.view:type_name -> informerd.v1.View
-	5, // 2: informerd.v1.WatchResponse.events:type_name -> informerd.v1.Event
-	1, // 3: informerd.v1.Event.type:type_name -> informerd.v1.EventType
-	8, // 4: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
-	2, // 5: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
-	3, // 6: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
-	6, // 7: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
-	4, // 8: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
-	7, // 9: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
-	8, // [8:10] is the sub-list for method output_type
-	6, // [6:8] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	3, // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
+	1, // 1: informerd.v1.WatchRequest.view:type_name -> informerd.v1.View
+	0, // 2: informerd.v1.WatchRequest.encoding:type_name -> informerd.v1.Encoding
+	6, // 3: informerd.v1.WatchResponse.events:type_name -> informerd.v1.Event
+	2, // 4: informerd.v1.Event.type:type_name -> informerd.v1.EventType
+	9, // 5: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
+	3, // 6: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
+	4, // 7: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
+	7, // 8: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
+	5, // 9: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
+	8, // 10: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
+	9, // [9:11] is the sub-list for method output_type
+	7, // [7:9] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_informerd_v1_informerd_proto_init() }
@@ -779,7 +854,7 @@ func file_informerd_v1_informerd_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_informerd_v1_informerd_proto_rawDesc), len(file_informerd_v1_informerd_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
