@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 )
 
@@ -176,6 +177,9 @@ func FuzzWatchStream(f *testing.F) {
 		`{"type":"BOOKMARK","object":{"kind":"ConfigMap","metadata":{"resourceVersion":"3","annotations":{"k8s.io/initial-events-end":"true"}}}}`))
 	f.Add([]byte(`{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired"}}`))
 	f.Add([]byte(`{"type":"MODIFIED","object":null}{"type":"NOPE"}`))
+	cm := formatConfigMap()
+	f.Add(append(watchFrame(f, "ADDED", cm), watchFrame(f, "BOOKMARK", cm)...))
+	f.Add(watchFrame(f, "ERROR", &metav1.Status{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Status"}, Code: 410}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ws := newRawWatchStream(io.NopCloser(bytes.NewReader(b)), true)
 		defer ws.close()

@@ -142,6 +142,7 @@ func (s *scanner) text() (string, error) {
 // member consumes an object key and its colon, and returns the index of
 // the key in names, or -1.
 func (s *scanner) member(names ...string) (int, error) {
+	s.ws()
 	start := s.i
 	raw, escaped, err := s.str()
 	if err != nil {
@@ -380,7 +381,7 @@ func (s *scanner) end() error {
 
 // decodeObject reads an object's type and metadata from its JSON in one
 // pass. If strip is set and metadata.managedFields is present, the returned
-// Object's JSON is a new slice without it; otherwise it is raw itself.
+// Object's Data is a new slice without it; otherwise it is raw itself.
 func decodeObject(raw []byte, strip bool) (*Object, error) {
 	s := &scanner{b: raw}
 	o := &Object{Data: raw}
