@@ -127,6 +127,13 @@ func TestProtobufEncoding(t *testing.T) {
 	if _, ok, _ := inf.GetStore().GetByKey(ns + "/late"); !ok {
 		t.Fatalf("typed informer lacks %s", cm.Name)
 	}
+	// The Watcher hands protobuf objects to its handler as Unstructured.
+	rec := newRecorder()
+	wt := client.NewWatcher(c, client.WatchOptions{Resource: configMaps, Namespace: ns, Protobuf: true, ClientName: "pb-watcher"}, rec, client.Backoff{})
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = wt.Run(ictx) }()
+	rec.waitFor(ctx, t, "the protobuf Watcher matches LIST", func(got map[string]string) bool { return maps.Equal(got, want) })
+	rec.checkUnmutated(t)
 
 	// JSON clients of the same resource get JSON, from their own informer.
 	for _, b := range snapshot(client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "json"}) {
