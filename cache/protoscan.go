@@ -105,8 +105,8 @@ func protoUnknown(data []byte) (apiVersion, kind string, raw []byte, err error) 
 		case 2:
 			raw, err = protoMessage(fd)
 			return err
-		case 3, 4:
-			if s, err := protoString(fd); err != nil || (s != "" && fd.num == 3) {
+		case 3: // contentEncoding: the API server sets none
+			if s, err := protoString(fd); err != nil || s != "" {
 				return fmt.Errorf("%w: content encoding %q is not supported", errBadProto, s)
 			}
 		}

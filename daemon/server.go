@@ -184,6 +184,13 @@ func eventType(t cache.EventType) informerdv1.EventType {
 	return informerdv1.EventType_EVENT_TYPE_UNSPECIFIED
 }
 
+func encodingOf(k cache.Key) informerdv1.Encoding {
+	if k.Protobuf {
+		return informerdv1.Encoding_ENCODING_PROTOBUF
+	}
+	return informerdv1.Encoding_ENCODING_JSON
+}
+
 // ListInformers implements the introspection RPC.
 func (s *Server) ListInformers(context.Context, *informerdv1.ListInformersRequest) (*informerdv1.ListInformersResponse, error) {
 	infos := s.opts.Cache.Sources()
@@ -203,6 +210,7 @@ func (s *Server) ListInformers(context.Context, *informerdv1.ListInformersReques
 			ResourceVersion: in.ResourceVersion,
 			MaxLagEvents:    int64(in.MaxLagEvents),
 			Message:         in.Message,
+			Encoding:        encodingOf(in.Key),
 		})
 	}
 	return resp, nil

@@ -80,6 +80,9 @@ func informers(ctx context.Context, c *client.Client) error {
 		if ns == "" {
 			ns = "*"
 		}
+		if in.GetEncoding() == informerdv1.Encoding_ENCODING_PROTOBUF {
+			res += " (protobuf)"
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%s\n", res, ns, state, in.GetRefCount(), in.GetObjects(),
 			in.GetResourceVersion(), in.GetMaxLagEvents(), strings.Join(in.GetHolders(), ","), in.GetMessage())
 	}

@@ -145,14 +145,14 @@ func TestProtobufEncoding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	encodings := map[informerdv1.Encoding]int{}
 	for _, in := range resp.GetInformers() {
 		if in.GetResource().GetResource() == "configmaps" {
-			n++
+			encodings[in.GetEncoding()]++
 		}
 	}
-	if n != 2 {
-		t.Fatalf("%d configmaps informers for JSON and protobuf clients, want 2: %v", n, resp.GetInformers())
+	if len(encodings) != 2 || encodings[informerdv1.Encoding_ENCODING_JSON] != 1 || encodings[informerdv1.Encoding_ENCODING_PROTOBUF] != 1 {
+		t.Fatalf("configmaps informers by encoding: %v; want one JSON and one protobuf", encodings)
 	}
 
 	// A custom resource has no protobuf encoding: it comes as JSON, and a

@@ -623,7 +623,11 @@ type Informer struct {
 	// max_lag_events is how many events the slowest subscriber is behind.
 	MaxLagEvents int64 `protobuf:"varint,10,opt,name=max_lag_events,json=maxLagEvents,proto3" json:"max_lag_events,omitempty"`
 	// message explains a stale or stopped state.
-	Message       string `protobuf:"bytes,11,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,11,opt,name=message,proto3" json:"message,omitempty"`
+	// encoding is how the informer watches and keeps objects: ENCODING_JSON,
+	// or ENCODING_PROTOBUF for built-in types that protobuf clients asked
+	// for.
+	Encoding      Encoding `protobuf:"varint,12,opt,name=encoding,proto3,enum=informerd.v1.Encoding" json:"encoding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -735,6 +739,13 @@ func (x *Informer) GetMessage() string {
 	return ""
 }
 
+func (x *Informer) GetEncoding() Encoding {
+	if x != nil {
+		return x.Encoding
+	}
+	return Encoding_ENCODING_UNSPECIFIED
+}
+
 var File_informerd_v1_informerd_proto protoreflect.FileDescriptor
 
 const file_informerd_v1_informerd_proto_rawDesc = "" +
@@ -765,7 +776,7 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"\x16\n" +
 	"\x14ListInformersRequest\"M\n" +
 	"\x15ListInformersResponse\x124\n" +
-	"\tinformers\x18\x01 \x03(\v2\x16.informerd.v1.InformerR\tinformers\"\xff\x02\n" +
+	"\tinformers\x18\x01 \x03(\v2\x16.informerd.v1.InformerR\tinformers\"\xb3\x03\n" +
 	"\bInformer\x12>\n" +
 	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -778,7 +789,8 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x10resource_version\x18\t \x01(\tR\x0fresourceVersion\x12$\n" +
 	"\x0emax_lag_events\x18\n" +
 	" \x01(\x03R\fmaxLagEvents\x12\x18\n" +
-	"\amessage\x18\v \x01(\tR\amessage*N\n" +
+	"\amessage\x18\v \x01(\tR\amessage\x122\n" +
+	"\bencoding\x18\f \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding*N\n" +
 	"\bEncoding\x12\x18\n" +
 	"\x14ENCODING_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rENCODING_JSON\x10\x01\x12\x15\n" +
@@ -826,22 +838,23 @@ var file_informerd_v1_informerd_proto_goTypes = []any{
 	(*Informer)(nil),              // 9: informerd.v1.Informer
 }
 var file_informerd_v1_informerd_proto_depIdxs = []int32{
-	3, // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
-	1, // 1: informerd.v1.WatchRequest.view:type_name -> informerd.v1.View
-	0, // 2: informerd.v1.WatchRequest.encoding:type_name -> informerd.v1.Encoding
-	6, // 3: informerd.v1.WatchResponse.events:type_name -> informerd.v1.Event
-	2, // 4: informerd.v1.Event.type:type_name -> informerd.v1.EventType
-	9, // 5: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
-	3, // 6: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
-	4, // 7: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
-	7, // 8: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
-	5, // 9: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
-	8, // 10: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
-	9, // [9:11] is the sub-list for method output_type
-	7, // [7:9] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	3,  // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
+	1,  // 1: informerd.v1.WatchRequest.view:type_name -> informerd.v1.View
+	0,  // 2: informerd.v1.WatchRequest.encoding:type_name -> informerd.v1.Encoding
+	6,  // 3: informerd.v1.WatchResponse.events:type_name -> informerd.v1.Event
+	2,  // 4: informerd.v1.Event.type:type_name -> informerd.v1.EventType
+	9,  // 5: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
+	3,  // 6: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
+	0,  // 7: informerd.v1.Informer.encoding:type_name -> informerd.v1.Encoding
+	4,  // 8: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
+	7,  // 9: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
+	5,  // 10: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
+	8,  // 11: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
+	10, // [10:12] is the sub-list for method output_type
+	8,  // [8:10] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_informerd_v1_informerd_proto_init() }
