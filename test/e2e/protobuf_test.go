@@ -155,6 +155,37 @@ func TestProtobufEncoding(t *testing.T) {
 		t.Fatalf("configmaps informers by encoding: %v; want one JSON and one protobuf", encodings)
 	}
 
+	// Without WatchList the daemon LISTs: in protobuf too.
+	plain := startDaemon(t, cache.Options{DisableWatchList: true})
+	pc := plain.dial(t)
+	ps, err := pc.Stream(ctx, client.WatchOptions{Resource: configMaps, Namespace: ns, Protobuf: true, ClientName: "pb-list"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := 0
+	for synced := false; !synced; {
+		evs, err := ps.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			switch ev.GetType() {
+			case informerdv1.EventType_EVENT_TYPE_ADDED:
+				b := ev.GetObject()
+				if obj, _, err := decoder.Decode(b, nil, nil); err != nil || !bytes.HasPrefix(b, []byte("k8s\x00")) || obj.(*corev1.ConfigMap).Namespace != ns {
+					t.Fatalf("a listed object is not a protobuf ConfigMap of %s (%v): %q", ns, err, b)
+				}
+				listed++
+			case informerdv1.EventType_EVENT_TYPE_SYNCED:
+				synced = true
+			}
+		}
+	}
+	ps.Close()
+	if listed != len(want) {
+		t.Fatalf("protobuf LIST gave %d objects, want %d", listed, len(want))
+	}
+
 	// A custom resource has no protobuf encoding: it comes as JSON, and a
 	// typed ListerWatcher hands it out as Unstructured.
 	dyn := dynamic.NewForConfigOrDie(env.RESTConfig())

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func TestPercentile(t *testing.T) {
+	v := []int64{50, 10, 40, 20, 30, 60, 70, 80, 90, 100}
+	for p, want := range map[float64]float64{0.5: 50, 0.99: 100, 0.1: 10, 1: 100, 0: 10} {
+		if got := percentile(v, p); got != want {
+			t.Errorf("percentile(%v) = %v, want %v", p, got, want)
+		}
+	}
+	if got := percentile(nil, 0.5); got != 0 {
+		t.Errorf("percentile of nothing = %v, want 0", got)
+	}
+	if v[0] != 50 {
+		t.Error("percentile sorted its input in place")
+	}
+}
+
+func TestMetricSum(t *testing.T) {
+	exp := []byte(`# HELP apiserver_request_total x
+apiserver_request_total{code="200",resource="configmaps",verb="LIST"} 3
+apiserver_request_total{code="200",resource="configmaps",verb="WATCH"} 5
+apiserver_request_total{code="410",resource="configmaps",verb="LIST"} 1
+apiserver_request_total{code="200",resource="pods",verb="LIST"} 7
+apiserver_request_total_other{resource="configmaps",verb="LIST"} 100
+go_gc_heap_live_bytes 1.2345e+06
+`)
+	if got := metricSum(exp, "apiserver_request_total", `verb="LIST"`, `resource="configmaps"`); got != 4 {
+		t.Errorf("LISTs of configmaps = %v, want 4 (both codes, no other metric)", got)
+	}
+	if got := metricSum(exp, "go_gc_heap_live_bytes"); got != 1234500 {
+		t.Errorf("a metric without labels = %v", got)
+	}
+}
+
+func TestProcReaders(t *testing.T) {
+	dir := t.TempDir()
+	stat := filepath.Join(dir, "status")
+	if err := os.WriteFile(stat, []byte("Name:\tx\nVmRSS:\t   2048 kB\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := statusField(stat, "VmRSS:"); err != nil || got != 2048*1024 {
+		t.Errorf("statusField = %d, %v; want 2 MiB", got, err)
+	}
+	if _, err := statusField(stat, "VmHWM:"); err == nil {
+		t.Error("a missing line is not an error")
+	}
+	for start := time.Now(); time.Since(start) < 50*time.Millisecond; { // use some CPU
+	}
+	cpu, err := procCPUSeconds(os.Getpid())
+	own, _, _ := selfUsage()
+	if err != nil || cpu <= 0 || math.Abs(cpu-own) > 0.1 {
+		t.Errorf("CPU seconds from /proc = %v (%v); getrusage says %v", cpu, err, own)
+	}
+	if _, err := parseInts("1,x"); err == nil {
+		t.Error("parseInts accepted x")
+	}
+	if got, err := parseInts(" 1, 10 ,50"); err != nil || len(got) != 3 || got[2] != 50 {
+		t.Errorf("parseInts = %v, %v", got, err)
+	}
+}
