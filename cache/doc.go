@@ -13,8 +13,8 @@
 // Memory per subscriber is O(1) in the number of objects: nothing is queued
 // per subscriber.
 //
-// Events are immutable and shared by every subscriber; Event.Frame memoizes
-// a per-view encoding so that each event is encoded once, whatever the
+// Events are immutable and shared by every subscriber; Encoded memoizes a
+// per-view encoding so that each event is encoded once, whatever the
 // number of streams that carry it.
 //
 // Label selectors are always applied here, never upstream: a subscription

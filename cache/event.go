@@ -86,24 +86,24 @@ type Event struct {
 	// a filtered subscriber that an object entered or left its selector.
 	prevLabels labels.Set
 	// asAdded and asDeleted memoize the variants of a Modified event that
-	// filtered subscribers see, so that their frames are shared too.
+	// filtered subscribers see, so that their encodings are shared too.
 	asAdded, asDeleted atomic.Pointer[Event]
-	frames             [MaxFrameSlots]atomic.Pointer[[]byte]
+	frames             [MaxFrameSlots]atomic.Pointer[any]
 }
 
-// Frame returns the encoding of e for slot (see MaxFrameSlots), computing it
-// with encode the first time. Concurrent first calls may each run encode;
-// one result wins and every caller afterwards gets the same bytes. The
-// returned bytes must not be modified.
-func (e *Event) Frame(slot int, encode func(*Event) []byte) []byte {
+// Encoded returns the encoding of e for slot (see MaxFrameSlots), computing
+// it with encode the first time; what an encoding is, is the caller's
+// business. Concurrent first calls may each run encode; one result wins and
+// every caller afterwards gets it. Callers must use one T per slot.
+func Encoded[T any](e *Event, slot int, encode func(*Event) T) T {
 	if p := e.frames[slot].Load(); p != nil {
-		return *p
+		return (*p).(T)
 	}
-	b := encode(e)
-	if e.frames[slot].CompareAndSwap(nil, &b) {
-		return b
+	var v any = encode(e)
+	if e.frames[slot].CompareAndSwap(nil, &v) {
+		return v.(T)
 	}
-	return *e.frames[slot].Load()
+	return (*e.frames[slot].Load()).(T)
 }
 
 // as returns the variant of e with type t, sharing its object and

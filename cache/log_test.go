@@ -182,9 +182,9 @@ func TestFrameEncodesOnce(t *testing.T) {
 	calls := 0
 	enc := func(*Event) []byte { calls++; return []byte("x") }
 	for range 3 {
-		e.Frame(int(ViewFull), enc)
+		Encoded(e, int(ViewFull), enc)
 	}
-	e.Frame(int(ViewMetadata), enc)
+	Encoded(e, int(ViewMetadata), enc)
 	if calls != 2 {
 		t.Fatalf("encode ran %d times for 2 views, want 2", calls)
 	}

@@ -6,7 +6,7 @@ import (
 )
 
 // View is the projection of an object that a subscriber receives. A View's
-// value is also its slot in Event.Frame, so each (event, view) is encoded
+// value is also its slot for Encoded, so each (event, view) is encoded
 // once. Views that compute a projection (status, address) are added here
 // and may decide that an event changes nothing for them.
 type View int

@@ -97,7 +97,7 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 	}
 	defer sub.Close()
 	apiVersion, kind := sub.TypeMeta()
-	encode := func(e *cache.Event) []byte { return encodeEvent(e, view, apiVersion, kind) }
+	encode := func(e *cache.Event) frame { return encodeEvent(e, view, apiVersion, kind) }
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
 	log := s.log.With("client", creq.Holder, "informer", sub.Key().String())
@@ -112,18 +112,19 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 			}
 		}
 		// A new slice per batch: gRPC may keep a sent message.
-		batch, size := make(frames, 0, len(pending)), 0
+		batch, size := make(frames, 0, 3*len(pending)), 0 // up to 3 buffers per event
+		n := 0
 		for len(pending) > 0 {
-			f := pending[0].Frame(int(view), encode)
-			if len(batch) > 0 && size+len(f) > s.opts.MaxBatchBytes {
+			f := cache.Encoded(pending[0], int(view), encode)
+			if n > 0 && size+f.size > s.opts.MaxBatchBytes {
 				break
 			}
-			batch, size, pending = append(batch, f), size+len(f), pending[1:]
+			batch, size, pending, n = append(batch, f.bufs...), size+f.size, pending[1:], n+1
 		}
 		if err := stream.SendMsg(batch); err != nil {
 			return s.endStream(ctx, err)
 		}
-		s.metrics.eventsOut.Add(float64(len(batch)))
+		s.metrics.eventsOut.Add(float64(n))
 		s.metrics.bytesOut.Add(float64(size))
 	}
 }
@@ -141,22 +142,22 @@ func (s *Server) endStream(ctx context.Context, err error) error {
 
 // encodeEvent encodes e in view as a WatchResponse `events` field. A
 // BOOKMARK or SYNCED carries an object of the resource's kind with only its
-// resourceVersion, as the API server's bookmarks do.
-func encodeEvent(e *cache.Event, view cache.View, apiVersion, kind string) []byte {
-	ev := &informerdv1.Event{Type: eventType(e.Type), ResourceVersion: e.ResourceVersion}
+// resourceVersion, as the API server's bookmarks do. The full view shares
+// the object's bytes instead of copying them.
+func encodeEvent(e *cache.Event, view cache.View, apiVersion, kind string) frame {
+	var obj []byte
 	switch {
 	case e.Object == nil && (e.Type == cache.Bookmark || e.Type == cache.Synced):
-		ev.Object = markerJSON(apiVersion, kind, e.ResourceVersion)
+		obj = markerJSON(apiVersion, kind, e.ResourceVersion)
 	case e.Object != nil:
-		obj, err := view.Project(e.Object)
-		if err != nil {
-			// The API server sent this JSON; a projection cannot fail on
-			// it. Send the full object rather than nothing.
+		var err error
+		if obj, err = view.Project(e.Object); err != nil {
+			// The API server sent these bytes; a projection cannot fail
+			// on them. Send the full object rather than nothing.
 			obj = e.Object.Data
 		}
-		ev.Object = obj
 	}
-	return encodeFrame(ev)
+	return encodeObjectFrame(eventType(e.Type), obj, e.ResourceVersion)
 }
 
 func markerJSON(apiVersion, kind, rv string) []byte {
