@@ -1,12 +1,9 @@
 package daemon
 
 import (
-	"fmt"
-
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
@@ -41,19 +38,6 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error { return c.proto.Unmarshal(data, v) }
-
-// encodeFrame encodes one Event as the `events` field of a WatchResponse,
-// in one piece.
-func encodeFrame(ev *informerdv1.Event) []byte {
-	body, err := proto.Marshal(ev)
-	if err != nil {
-		// Event has only scalar and bytes fields: Marshal cannot fail.
-		panic(fmt.Sprintf("encoding event: %v", err))
-	}
-	b := make([]byte, 0, len(body)+1+protowire.SizeVarint(uint64(len(body))))
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	return protowire.AppendBytes(b, body)
-}
 
 // encodeObjectFrame encodes an Event that carries obj as the `events` field
 // of a WatchResponse in two buffers, the second obj itself, so that the

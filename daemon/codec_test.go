@@ -1,10 +1,12 @@
 package daemon
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
@@ -41,4 +43,18 @@ func TestObjectFrame(t *testing.T) {
 			}
 		}
 	}
+}
+
+// encodeFrame encodes one Event as the `events` field of a WatchResponse
+// with proto.Marshal: the reference encodeObjectFrame is held to, and the
+// frame BenchmarkRawUnixBaseline writes.
+func encodeFrame(ev *informerdv1.Event) []byte {
+	body, err := proto.Marshal(ev)
+	if err != nil {
+		// Event has only scalar and bytes fields: Marshal cannot fail.
+		panic(fmt.Sprintf("encoding event: %v", err))
+	}
+	b := make([]byte, 0, len(body)+1+protowire.SizeVarint(uint64(len(body))))
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	return protowire.AppendBytes(b, body)
 }

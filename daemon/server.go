@@ -112,7 +112,7 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 			}
 		}
 		// A new slice per batch: gRPC may keep a sent message.
-		batch, size := make(frames, 0, 3*len(pending)), 0 // up to 3 buffers per event
+		batch, size := make(frames, 0, 2*len(pending)), 0 // up to 2 buffers per event
 		n := 0
 		for len(pending) > 0 {
 			f := cache.Encoded(pending[0], int(view), encode)
