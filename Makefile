@@ -78,8 +78,10 @@ demo: controlplane build ## Control plane + informerd + 5 informerctl clients sh
 # harness (e.g. BENCH_FLAGS="-clients 1,10 -modes direct,shared-nostore").
 BENCH_QUICK ?=
 BENCH_FLAGS ?=
-# BENCH_GO selects the Go benchmarks `make bench-go` runs; BENCH_COUNT repeats them.
+# BENCH_GO selects the Go benchmarks `make bench-go` runs; BENCH_TIME is
+# go test's -benchtime (e.g. 2000x); BENCH_COUNT repeats them.
 BENCH_GO ?= .
+BENCH_TIME ?= 1s
 BENCH_COUNT ?= 1
 
 .PHONY: bench
@@ -89,7 +91,7 @@ bench: controlplane build ## Direct client-go informers vs informerd, side by si
 
 .PHONY: bench-go
 bench-go: ## The Go benchmarks (fan-out over Unix sockets vs the raw baseline, the cache) with -benchmem.
-	$(GO) test -run '^$$' -bench '$(BENCH_GO)' -benchmem -count $(BENCH_COUNT) ./daemon ./cache ./client
+	$(GO) test -run '^$$' -bench '$(BENCH_GO)' -benchmem -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) ./daemon ./cache ./client
 
 $(BIN)/buf $(BIN)/golangci-lint: hack/tools/go.mod hack/tools/go.sum
 	cd hack/tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf github.com/golangci/golangci-lint/v2/cmd/golangci-lint

@@ -9,7 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/scheme"
 )
 
 // BenchmarkUpstreamFormat weighs protobuf against JSON as the upstream
@@ -18,57 +17,31 @@ import (
 // cut). "protobuf-then-json" is what converting a protobuf object for a
 // JSON client would cost: the reason the daemon never converts.
 func BenchmarkUpstreamFormat(b *testing.B) {
-	codecs := scheme.Codecs
-	info := func(mediaType string) runtime.Serializer {
-		for _, i := range codecs.SupportedMediaTypes() {
-			if i.MediaType == mediaType {
-				return i.Serializer
-			}
-		}
-		b.Fatalf("no serializer for %s", mediaType)
-		return nil
-	}
-	jsonS, protoS := info(runtime.ContentTypeJSON), info(runtime.ContentTypeProtobuf)
+	jsonS, protoS := serializer(b, runtime.ContentTypeJSON), protoSerializer(b)
 	for _, obj := range []runtime.Object{formatConfigMap(), formatPod()} {
 		kind := fmt.Sprintf("%T", obj)[len("*v1."):]
-		enc := func(s runtime.Serializer) []byte {
-			var sb strings.Builder
-			if err := s.Encode(obj, &sb); err != nil {
-				b.Fatal(err)
-			}
-			return []byte(sb.String())
+		jsonBytes, protoBytes := encode(b, jsonS, obj), encode(b, protoS, obj)
+		for _, f := range []struct {
+			name string
+			s    runtime.Serializer
+			data []byte
+		}{{"json", jsonS, jsonBytes}, {"protobuf", protoS, protoBytes}} {
+			b.Run(kind+"/apiserver-encode/"+f.name, func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					encode(b, f.s, obj)
+				}
+			})
+			b.Run(kind+"/daemon-read/"+f.name, func(b *testing.B) {
+				b.SetBytes(int64(len(f.data)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := decodeAnyObject(f.data, true); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 		}
-		jsonBytes, protoBytes := enc(jsonS), enc(protoS)
-		b.Run(kind+"/apiserver-encode/json", func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				enc(jsonS)
-			}
-		})
-		b.Run(kind+"/apiserver-encode/protobuf", func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				enc(protoS)
-			}
-		})
-		b.Run(kind+"/daemon-read/json", func(b *testing.B) {
-			b.SetBytes(int64(len(jsonBytes)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := decodeObject(jsonBytes, true); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-		b.Run(kind+"/daemon-read/protobuf", func(b *testing.B) {
-			b.SetBytes(int64(len(protoBytes)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := decodeProtoObject(protoBytes, true); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
 		b.Run(kind+"/daemon-read/protobuf-then-json", func(b *testing.B) {
 			b.SetBytes(int64(len(protoBytes)))
 			b.ReportAllocs()
@@ -78,10 +51,7 @@ func BenchmarkUpstreamFormat(b *testing.B) {
 					b.Fatal(err)
 				}
 				o.(metav1.Object).SetManagedFields(nil)
-				var sb strings.Builder
-				if err := jsonS.Encode(o, &sb); err != nil {
-					b.Fatal(err)
-				}
+				encode(b, jsonS, o)
 			}
 		})
 		b.Logf("%s: %d bytes as JSON, %d as protobuf", kind, len(jsonBytes), len(protoBytes))

@@ -362,12 +362,6 @@ func (s *scanner) optText() (string, error) {
 	if isNull, err := s.null(); isNull || err != nil {
 		return "", err
 	}
-	if s.peek() != '"' {
-		if s.i >= len(s.b) {
-			return "", errTruncated
-		}
-		return "", s.errorf("want a string")
-	}
 	return s.text()
 }
 
@@ -386,28 +380,25 @@ func decodeObject(raw []byte, strip bool) (*Object, error) {
 	s := &scanner{b: raw}
 	o := &Object{Data: raw}
 	var cuts []span // the bytes of managedFields members, with a comma
-	err := s.topObject()
-	if err == nil {
-		err = s.fields(func() error {
-			k, err := s.member("apiVersion", "kind", "metadata")
-			if err != nil {
-				return err
-			}
-			switch k {
-			case 0:
-				o.APIVersion, err = s.optText()
-			case 1:
-				o.Kind, err = s.optText()
-			case 2:
-				// A repeated key wins over the earlier ones.
-				o.Namespace, o.Name, o.UID, o.ResourceVersion, o.Labels, cuts = "", "", "", "", nil, cuts[:0]
-				err = s.metadata(o, &cuts)
-			default:
-				err = s.skip()
-			}
+	err := s.fields(func() error {
+		k, err := s.member("apiVersion", "kind", "metadata")
+		if err != nil {
 			return err
-		})
-	}
+		}
+		switch k {
+		case 0:
+			o.APIVersion, err = s.optText()
+		case 1:
+			o.Kind, err = s.optText()
+		case 2:
+			// A repeated key wins over the earlier ones.
+			o.Namespace, o.Name, o.UID, o.ResourceVersion, o.Labels, cuts = "", "", "", "", nil, cuts[:0]
+			err = s.metadata(o, &cuts)
+		default:
+			err = s.skip()
+		}
+		return err
+	})
 	if err == nil {
 		err = s.end()
 	}
@@ -437,28 +428,11 @@ func cutSpans(b []byte, spans []span) []byte {
 	return append(out, b[at:]...)
 }
 
-// topObject checks that a JSON object comes next.
-func (s *scanner) topObject() error {
-	switch s.peek() {
-	case '{':
-		return nil
-	case eof:
-		return errTruncated
-	}
-	return s.errorf("want a JSON object")
-}
-
 // metadata reads the fields of metadata into o and appends to cuts the
 // spans that remove managedFields, each with one adjacent comma.
 func (s *scanner) metadata(o *Object, cuts *[]span) error {
 	if isNull, err := s.null(); isNull || err != nil {
 		return err
-	}
-	if s.peek() != '{' {
-		if s.i >= len(s.b) {
-			return errTruncated
-		}
-		return s.errorf("metadata must be an object")
 	}
 	first, prevEnd := true, 0
 	err := s.fields(func() error {
@@ -503,12 +477,6 @@ func (s *scanner) metadata(o *Object, cuts *[]span) error {
 func (s *scanner) labels() (map[string]string, error) {
 	if isNull, err := s.null(); isNull || err != nil {
 		return nil, err
-	}
-	if s.peek() != '{' {
-		if s.i >= len(s.b) {
-			return nil, errTruncated
-		}
-		return nil, s.errorf("labels must be an object")
 	}
 	m := map[string]string{}
 	err := s.fields(func() error {

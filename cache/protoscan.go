@@ -80,6 +80,28 @@ func protoMessage(fd protoField) ([]byte, error) {
 	return fd.value, nil
 }
 
+// protoPair reads the string fields a and b of the message in fd: a map
+// entry (key 1, value 2), a TypeMeta (apiVersion 1, kind 2), a ListMeta's
+// resourceVersion and continue (2, 3).
+func protoPair(fd protoField, a, b protowire.Number) (string, string, error) {
+	msg, err := protoMessage(fd)
+	if err != nil {
+		return "", "", err
+	}
+	var x, y string
+	err = protoFields(msg, func(fd protoField) error {
+		var err error
+		switch fd.num {
+		case a:
+			x, err = protoString(fd)
+		case b:
+			y, err = protoString(fd)
+		}
+		return err
+	})
+	return x, y, err
+}
+
 // protoUnknown splits an encoded object into its type and typed message.
 func protoUnknown(data []byte) (apiVersion, kind string, raw []byte, err error) {
 	if !IsProtobuf(data) {
@@ -88,20 +110,8 @@ func protoUnknown(data []byte) (apiVersion, kind string, raw []byte, err error) 
 	err = protoFields(data[len(protoMagic):], func(fd protoField) error {
 		switch fd.num {
 		case 1:
-			tm, err := protoMessage(fd)
-			if err != nil {
-				return err
-			}
-			return protoFields(tm, func(fd protoField) error {
-				var err error
-				switch fd.num {
-				case 1:
-					apiVersion, err = protoString(fd)
-				case 2:
-					kind, err = protoString(fd)
-				}
-				return err
-			})
+			apiVersion, kind, err = protoPair(fd, 1, 2)
+			return err
 		case 2:
 			raw, err = protoMessage(fd)
 			return err
@@ -205,21 +215,7 @@ func readProtoMeta(o *Object, msg []byte, strip bool) ([]byte, error) {
 
 // readProtoLabel adds one labels map entry to o.
 func readProtoLabel(o *Object, fd protoField) error {
-	entry, err := protoMessage(fd)
-	if err != nil {
-		return err
-	}
-	var k, v string
-	err = protoFields(entry, func(fd protoField) error {
-		var err error
-		switch fd.num {
-		case 1:
-			k, err = protoString(fd)
-		case 2:
-			v, err = protoString(fd)
-		}
-		return err
-	})
+	k, v, err := protoPair(fd, 1, 2)
 	if err != nil {
 		return err
 	}
@@ -271,29 +267,16 @@ func protoBookmark(data []byte) (rv string, initialEventsEnd bool, err error) {
 			return err
 		}
 		return protoFields(meta, func(fd protoField) error {
+			var err error
 			switch fd.num {
 			case 6:
 				rv, err = protoString(fd)
-			case 12: // annotations
-				entry, err := protoMessage(fd)
-				if err != nil {
-					return err
-				}
+			case 12: // an annotation
 				var k, v string
-				err = protoFields(entry, func(fd protoField) error {
-					var err error
-					switch fd.num {
-					case 1:
-						k, err = protoString(fd)
-					case 2:
-						v, err = protoString(fd)
-					}
-					return err
-				})
+				k, v, err = protoPair(fd, 1, 2)
 				if k == metav1.InitialEventsAnnotationKey && v == "true" {
 					initialEventsEnd = true
 				}
-				return err
 			}
 			return err
 		})
@@ -313,20 +296,8 @@ func protoList(data []byte, strip bool) (objs []*Object, rv, cont string, err er
 	err = protoFields(raw, func(fd protoField) error {
 		switch fd.num {
 		case 1:
-			lm, err := protoMessage(fd)
-			if err != nil {
-				return err
-			}
-			return protoFields(lm, func(fd protoField) error {
-				var err error
-				switch fd.num {
-				case 2:
-					rv, err = protoString(fd)
-				case 3:
-					cont, err = protoString(fd)
-				}
-				return err
-			})
+			rv, cont, err = protoPair(fd, 2, 3)
+			return err
 		case 2:
 			item, err := protoMessage(fd)
 			if err != nil {

@@ -15,25 +15,32 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 )
 
-// protoSerializer is client-go's protobuf serializer: the encoding the API
-// server uses for built-in types.
-func protoSerializer(t testing.TB) runtime.Serializer {
+// serializer is client-go's serializer for a media type: the encodings the
+// API server uses for built-in types.
+func serializer(t testing.TB, mediaType string) runtime.Serializer {
 	for _, i := range scheme.Codecs.SupportedMediaTypes() {
-		if i.MediaType == runtime.ContentTypeProtobuf {
+		if i.MediaType == mediaType {
 			return i.Serializer
 		}
 	}
-	t.Fatal("no protobuf serializer")
+	t.Fatalf("no serializer for %s", mediaType)
 	return nil
 }
 
-func encodeProto(t testing.TB, obj runtime.Object) []byte {
+func protoSerializer(t testing.TB) runtime.Serializer {
+	return serializer(t, runtime.ContentTypeProtobuf)
+}
+
+// encode encodes obj with s.
+func encode(t testing.TB, s runtime.Serializer, obj runtime.Object) []byte {
 	var b bytes.Buffer
-	if err := protoSerializer(t).Encode(obj, &b); err != nil {
+	if err := s.Encode(obj, &b); err != nil {
 		t.Fatal(err)
 	}
 	return b.Bytes()
 }
+
+func encodeProto(t testing.TB, obj runtime.Object) []byte { return encode(t, protoSerializer(t), obj) }
 
 func TestDecodeProtoObject(t *testing.T) {
 	pod := formatPod()

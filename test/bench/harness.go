@@ -51,7 +51,7 @@ func (h *harness) admin() *kubernetes.Clientset {
 	return kubernetes.NewForConfigOrDie(cfg)
 }
 
-func h2version(_ context.Context, cp *controlplane.ControlPlane) (string, error) {
+func serverVersion(cp *controlplane.ControlPlane) (string, error) {
 	v, err := kubernetes.NewForConfigOrDie(cp.RESTConfig()).Discovery().ServerVersion()
 	if err != nil {
 		return "", err

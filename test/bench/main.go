@@ -106,7 +106,7 @@ func run() error {
 		return err
 	}
 
-	rep := report{Machine: describeMachine(ctx, cp), Workload: w, Command: commandLine()}
+	rep := report{Machine: describeMachine(cp), Workload: w, Command: commandLine()}
 	for _, n := range w.Clients {
 		for _, mode := range w.Modes {
 			say("run: %s, %d clients", mode, n)
@@ -162,7 +162,7 @@ type machine struct {
 	Date       string `json:"date"`
 }
 
-func describeMachine(ctx context.Context, cp *controlplane.ControlPlane) machine {
+func describeMachine(cp *controlplane.ControlPlane) machine {
 	m := machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Date: time.Now().UTC().Format(time.DateOnly)}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
@@ -175,7 +175,7 @@ func describeMachine(ctx context.Context, cp *controlplane.ControlPlane) machine
 	if mem, err := statusField("/proc/meminfo", "MemTotal:"); err == nil {
 		m.MemoryGiB = int((mem + 1<<29) >> 30)
 	}
-	if v, err := h2version(ctx, cp); err == nil {
+	if v, err := serverVersion(cp); err == nil {
 		m.Kubernetes = v
 	}
 	return m

@@ -48,8 +48,8 @@ func TestProtobufEncoding(t *testing.T) {
 	c := d.dial(t)
 	decoder := scheme.Codecs.UniversalDeserializer()
 
-	// snapshot returns the objects of a stream's snapshot.
-	snapshot := func(opts client.WatchOptions) [][]byte {
+	// snapshot returns the objects of a stream's snapshot from c.
+	snapshot := func(c *client.Client, opts client.WatchOptions) [][]byte {
 		t.Helper()
 		s, err := c.Stream(ctx, opts, "")
 		if err != nil {
@@ -72,7 +72,7 @@ func TestProtobufEncoding(t *testing.T) {
 			}
 		}
 	}
-	objs := snapshot(client.WatchOptions{Resource: configMaps, Namespace: ns, LabelSelector: "pick=me", Protobuf: true, ClientName: "pb"})
+	objs := snapshot(c, client.WatchOptions{Resource: configMaps, Namespace: ns, LabelSelector: "pick=me", Protobuf: true, ClientName: "pb"})
 	if len(objs) != 2 {
 		t.Fatalf("protobuf snapshot with a selector has %d objects, want 2", len(objs))
 	}
@@ -89,7 +89,7 @@ func TestProtobufEncoding(t *testing.T) {
 			t.Fatalf("protobuf ConfigMap: %+v; want the selected one, its data, no managedFields", cm)
 		}
 	}
-	meta := snapshot(client.WatchOptions{Resource: configMaps, Namespace: ns, Protobuf: true, MetadataOnly: true, ClientName: "pb-meta"})
+	meta := snapshot(c, client.WatchOptions{Resource: configMaps, Namespace: ns, Protobuf: true, MetadataOnly: true, ClientName: "pb-meta"})
 	for _, b := range meta {
 		obj, _, err := decoder.Decode(b, nil, nil)
 		if err != nil {
@@ -136,7 +136,7 @@ func TestProtobufEncoding(t *testing.T) {
 	rec.checkUnmutated(t)
 
 	// JSON clients of the same resource get JSON, from their own informer.
-	for _, b := range snapshot(client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "json"}) {
+	for _, b := range snapshot(c, client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "json"}) {
 		if b[0] != '{' {
 			t.Fatalf("JSON client got %q", b)
 		}
@@ -157,33 +157,14 @@ func TestProtobufEncoding(t *testing.T) {
 
 	// Without WatchList the daemon LISTs: in protobuf too.
 	plain := startDaemon(t, cache.Options{DisableWatchList: true})
-	pc := plain.dial(t)
-	ps, err := pc.Stream(ctx, client.WatchOptions{Resource: configMaps, Namespace: ns, Protobuf: true, ClientName: "pb-list"}, "")
-	if err != nil {
-		t.Fatal(err)
+	listed := snapshot(plain.dial(t), client.WatchOptions{Resource: configMaps, Namespace: ns, Protobuf: true, ClientName: "pb-list"})
+	if len(listed) != len(want) {
+		t.Fatalf("protobuf LIST gave %d objects, want %d", len(listed), len(want))
 	}
-	listed := 0
-	for synced := false; !synced; {
-		evs, err := ps.Recv()
-		if err != nil {
-			t.Fatal(err)
+	for _, b := range listed {
+		if obj, _, err := decoder.Decode(b, nil, nil); err != nil || !bytes.HasPrefix(b, []byte("k8s\x00")) || obj.(*corev1.ConfigMap).Namespace != ns {
+			t.Fatalf("a listed object is not a protobuf ConfigMap of %s (%v): %q", ns, err, b)
 		}
-		for _, ev := range evs {
-			switch ev.GetType() {
-			case informerdv1.EventType_EVENT_TYPE_ADDED:
-				b := ev.GetObject()
-				if obj, _, err := decoder.Decode(b, nil, nil); err != nil || !bytes.HasPrefix(b, []byte("k8s\x00")) || obj.(*corev1.ConfigMap).Namespace != ns {
-					t.Fatalf("a listed object is not a protobuf ConfigMap of %s (%v): %q", ns, err, b)
-				}
-				listed++
-			case informerdv1.EventType_EVENT_TYPE_SYNCED:
-				synced = true
-			}
-		}
-	}
-	ps.Close()
-	if listed != len(want) {
-		t.Fatalf("protobuf LIST gave %d objects, want %d", listed, len(want))
 	}
 
 	// A custom resource has no protobuf encoding: it comes as JSON, and a
@@ -196,7 +177,7 @@ func TestProtobufEncoding(t *testing.T) {
 	if _, err := dyn.Resource(widgets).Namespace(ns).Create(ctx, w, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	crs := snapshot(client.WatchOptions{Resource: widgets, Namespace: ns, Protobuf: true, ClientName: "pb-cr"})
+	crs := snapshot(c, client.WatchOptions{Resource: widgets, Namespace: ns, Protobuf: true, ClientName: "pb-cr"})
 	if len(crs) != 1 || crs[0][0] != '{' {
 		t.Fatalf("custom resources for a protobuf client: %q; want one JSON object", crs)
 	}
