@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 func TestMain(m *testing.M) {
@@ -280,5 +281,64 @@ func TestSourceAbandonsIdleWatch(t *testing.T) {
 	sub := subscribe(t, ctx, s, Filter{}, "1")
 	if got := read(t, ctx, sub, 1); got[0] != "BOOKMARK @2" {
 		t.Fatalf("after the new watch: %v", got)
+	}
+}
+
+func TestSubscriptionGetAndList(t *testing.T) {
+	ctx := t.Context()
+	up := newFakeUpstream()
+	s := startTestSource(t, up, LogLimits{})
+	a1 := obj("a1", "1", map[string]string{"app": "x"})
+	a1.Namespace = "a"
+	a2 := obj("a2", "2", map[string]string{"app": "y"})
+	a2.Namespace = "a"
+	b1 := obj("b1", "3", map[string]string{"app": "x"})
+	b1.Namespace = "b"
+	up.lists <- fakeList{objs: []*Object{b1, a2, a1}, rv: "3"}
+	sel, err := labels.Parse("app=x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := subscribe(t, ctx, s, Filter{}, "")
+	inA := subscribe(t, ctx, s, Filter{Namespace: "a"}, "")
+	onlyX := subscribe(t, ctx, s, Filter{Labels: sel}, "")
+	names := func(objs []*Object) []string {
+		var out []string
+		for _, o := range objs {
+			out = append(out, o.Namespace+"/"+o.Name)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		sub  *Subscription
+		ns   string
+		sel  labels.Selector
+		want []string
+	}{
+		{"everything", all, "", nil, []string{"a/a1", "a/a2", "b/b1"}},
+		{"one namespace", all, "b", nil, []string{"b/b1"}},
+		{"selector", all, "", sel, []string{"a/a1", "b/b1"}},
+		{"filter's namespace", inA, "", nil, []string{"a/a1", "a/a2"}},
+		{"outside the filter's namespace", inA, "b", nil, nil},
+		{"filter's selector", onlyX, "a", nil, []string{"a/a1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := names(tc.sub.List(tc.ns, tc.sel)); !slices.Equal(got, tc.want) {
+				t.Errorf("List(%q, %v) = %v, want %v", tc.ns, tc.sel, got, tc.want)
+			}
+		})
+	}
+	if o, ok := all.Get("a", "a2"); !ok || o != a2 {
+		t.Errorf("Get(a, a2) = %v, %v; want the stored object", o, ok)
+	}
+	if _, ok := inA.Get("b", "b1"); ok {
+		t.Error("Get outside the filter's namespace found an object")
+	}
+	if _, ok := onlyX.Get("a", "a2"); ok {
+		t.Error("Get of an object the filter's selector rejects found it")
+	}
+	if _, ok := all.Get("a", "missing"); ok {
+		t.Error("Get of a missing object found it")
 	}
 }

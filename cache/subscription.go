@@ -1,10 +1,15 @@
 package cache
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
+
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // Subscription is a cursor into one Source's log, seen through a Filter.
@@ -176,4 +181,46 @@ func (s *Subscription) Close() {
 		s.src.mu.Unlock()
 		s.release()
 	})
+}
+
+// Get returns the object namespace/name as the Source stores it now, if
+// its filter admits it. It does not move the cursor and is safe to call
+// from any goroutine while the subscription is open.
+func (s *Subscription) Get(namespace, name string) (*Object, bool) {
+	if s.filter.Namespace != "" && namespace != s.filter.Namespace {
+		return nil, false
+	}
+	k := (&Object{Namespace: namespace, Name: name}).key()
+	s.src.mu.Lock()
+	st := s.src.events.store[k]
+	s.src.mu.Unlock()
+	if st == nil || !s.filter.matches(st.ev.Object.Namespace, st.ev.Object.Labels) {
+		return nil, false
+	}
+	return st.ev.Object, true
+}
+
+// List returns the objects the Source stores now in namespace ("" for
+// every namespace) that both its filter and sel (nil for everything)
+// admit, sorted by namespace and name. It does not move the cursor and is
+// safe to call from any goroutine while the subscription is open. The
+// objects are shared: do not modify them.
+func (s *Subscription) List(namespace string, sel labels.Selector) []*Object {
+	if s.filter.Namespace != "" && namespace != "" && namespace != s.filter.Namespace {
+		return nil
+	}
+	f := Filter{Namespace: namespace, Labels: sel}
+	s.src.mu.Lock()
+	var out []*Object
+	for _, st := range s.src.events.store {
+		o := st.ev.Object
+		if f.matches(o.Namespace, o.Labels) && s.filter.matches(o.Namespace, o.Labels) {
+			out = append(out, o)
+		}
+	}
+	s.src.mu.Unlock()
+	slices.SortFunc(out, func(a, b *Object) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	return out
 }
