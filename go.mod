@@ -8,6 +8,7 @@ tool (
 )
 
 require (
+	github.com/google/btree v1.1.3
 	github.com/hashicorp/golang-lru/v2 v2.0.7
 	github.com/prometheus/client_golang v1.25.0
 	go.uber.org/goleak v1.3.0

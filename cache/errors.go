@@ -14,4 +14,16 @@ var (
 	ErrUnknownResource = errors.New("unknown resource")
 	// ErrStopped: the Source or Manager was stopped.
 	ErrStopped = errors.New("informer stopped")
+	// ErrRejected: the API server rejected the request as invalid (400 or
+	// 422), for example a field selector it does not support for the
+	// resource. The error wraps the API server's.
+	ErrRejected = errors.New("the API server rejected the request")
+	// ErrTooNew: the request asked for a resourceVersion the informer has
+	// not reached in time; retrying later may succeed.
+	ErrTooNew = errors.New("resourceVersion not reached yet")
+	// ErrObjectNotFound: Get found no such object.
+	ErrObjectNotFound = errors.New("object not found")
+	// ErrLimit: a limit of the Manager (Options) refuses the request; the
+	// error names the limit.
+	ErrLimit = errors.New("limit reached")
 )

@@ -85,6 +85,10 @@ type Event struct {
 	// prevLabels are the object's labels before a Modified event, to tell
 	// a filtered subscriber that an object entered or left its selector.
 	prevLabels labels.Set
+	// prev is the object before a Modified event that changed its labels:
+	// a subscriber whose selector the object leaves receives it as
+	// deleted, at the event's resourceVersion, as the API server sends it.
+	prev *Object
 	// asAdded and asDeleted memoize the variants of a Modified event that
 	// filtered subscribers see, so that their encodings are shared too.
 	asAdded, asDeleted atomic.Pointer[Event]
@@ -124,8 +128,24 @@ func (e *Event) as(t EventType) *Event {
 	if v := slot.Load(); v != nil {
 		return v
 	}
-	slot.CompareAndSwap(nil, &Event{Type: t, Object: e.Object, ResourceVersion: e.ResourceVersion})
+	o := e.Object
+	if t == Deleted && e.prev != nil {
+		o = e.prev.withResourceVersion(e.Object.ResourceVersion)
+	}
+	slot.CompareAndSwap(nil, &Event{Type: t, Object: o, ResourceVersion: e.ResourceVersion})
 	return slot.Load()
+}
+
+// size is the number of object bytes e keeps alive.
+func (e *Event) size() int64 {
+	var n int64
+	if e.Object != nil {
+		n += int64(len(e.Object.Data))
+	}
+	if e.prev != nil {
+		n += int64(len(e.prev.Data))
+	}
+	return n
 }
 
 // Filter selects the objects a subscription receives.
@@ -168,19 +188,32 @@ func (f Filter) apply(e *Event) *Event {
 	return e
 }
 
-// applyCatchUp is apply for a compacted catch-up, where the subscriber's
-// previous view of an object is unknown: an object in the namespace that
-// does not match the selector is sent as Deleted, in case the subscriber
-// had it (a store ignores the deletion of an object it does not have).
-func (f Filter) applyCatchUp(e *Event) *Event {
-	if e.Object == nil {
-		return e
+// catchUp returns what a subscriber with filter f that has seen every
+// change up to from receives of the compacted change c, or nil: the
+// object's latest state as Added (it did not see the object), Modified (it
+// did) or Deleted (it saw the object, which is gone or no longer matches).
+// Whether it saw an object is exact: the labels the object had at from are
+// known down to the horizon.
+func (f Filter) catchUp(c change, from mark) *Event {
+	if c.tomb != nil {
+		t := c.tomb
+		o := t.ev.Object
+		if t.created.after(from) || !f.matches(o.Namespace, labelsAt(t.hist, o.Labels, from)) {
+			return nil // created since, or never matched: never seen
+		}
+		return t.ev
 	}
-	if f.Namespace != "" && e.Object.Namespace != f.Namespace {
-		return nil
+	st := c.st
+	o := st.ev.Object
+	now := f.matches(o.Namespace, o.Labels)
+	then := !st.created.after(from) && f.matches(o.Namespace, labelsAt(st.hist, o.Labels, from))
+	switch {
+	case then && now:
+		return st.ev.as(Modified)
+	case now:
+		return st.ev.as(Added)
+	case then:
+		return st.ev.as(Deleted)
 	}
-	if e.Type == Deleted || f.matches(e.Object.Namespace, e.Object.Labels) {
-		return e
-	}
-	return e.as(Deleted)
+	return nil
 }

@@ -1,10 +1,14 @@
 package cache
 
 import (
-	"cmp"
+	"math"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
+
+	"github.com/google/btree"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // LogLimits bound a Source's event log and its memory of deletions.
@@ -15,9 +19,9 @@ type LogLimits struct {
 	// MaxBytes bounds the object bytes the log refers to, whatever their
 	// age. Default 64 MiB.
 	MaxBytes int64
-	// MinAge keeps recent events past MaxEvents (never past MaxBytes), so
-	// that a burst does not push out a client that reconnects at once.
-	// Default 30s.
+	// MinAge keeps recent events past MaxEvents (never past MaxBytes or the
+	// Manager's MaxLogBytes), so that a burst does not push out a client
+	// that reconnects at once. Default 30s; negative for none.
 	MinAge time.Duration
 	// MaxTombstones is the number of deletions remembered for compacted
 	// catch-up after they left the log. Default 10000.
@@ -42,19 +46,86 @@ func (l LogLimits) withDefaults() LogLimits {
 	return l
 }
 
-// logEntry is one event in the log.
-type logEntry struct {
-	seq uint64
-	rv  uint64 // the change's resourceVersion, for resuming
-	at  time.Time
-	ev  *Event
+// logBudget bounds the object bytes that all the logs of a Manager refer
+// to together. A log over the budget trims its own oldest events, so the
+// Source whose events arrive pays for them.
+type logBudget struct {
+	max  int64 // 0: unbounded
+	used atomic.Int64
 }
 
-// stored is the current state of one object.
+func (b *logBudget) add(n int64) {
+	if b != nil {
+		b.used.Add(n)
+	}
+}
+
+func (b *logBudget) over() bool { return b != nil && b.max > 0 && b.used.Load() > b.max }
+
+// mark is a point in a Source's history: the resourceVersion of a change
+// and its sequence number. The log keeps rv non-decreasing in seq, so the
+// order of marks, (rv, seq), is also the order of the changes.
+type mark struct{ rv, seq uint64 }
+
+func (m mark) after(p mark) bool { return m.rv > p.rv || (m.rv == p.rv && m.seq > p.seq) }
+
+// atRV is the position of a client that has seen every change up to
+// resourceVersion rv.
+func atRV(rv uint64) mark { return mark{rv, math.MaxUint64} }
+
+// succ is the least mark after m.
+func (m mark) succ() mark {
+	if m.seq == math.MaxUint64 {
+		return mark{m.rv + 1, 0}
+	}
+	return mark{m.rv, m.seq + 1}
+}
+
+// parseRV parses a resourceVersion. Kubernetes calls them opaque; every
+// etcd-backed API server makes them unsigned integers, which resuming
+// needs to order positions. A Source that meets another kind becomes
+// opaque (see Source.opaque).
+func parseRV(rv string) (uint64, bool) {
+	n, err := strconv.ParseUint(rv, 10, 64)
+	return n, err == nil
+}
+
+// logEntry is one event in the log.
+type logEntry struct {
+	at   mark
+	time time.Time
+	ev   *Event
+}
+
+// labelChange records the labels an object had before a change of them.
+type labelChange struct {
+	at     mark
+	before labels.Set
+}
+
+// maxLabelHistory bounds the label changes remembered per object; dropping
+// one moves the horizon past it.
+const maxLabelHistory = 8
+
+// labelsAt returns the labels an object had at p, given its label history
+// and its labels now; p must be at or after the horizon.
+func labelsAt(hist []labelChange, now labels.Set, p mark) labels.Set {
+	for _, c := range hist {
+		if c.at.after(p) {
+			return c.before
+		}
+	}
+	return now
+}
+
+// stored is the current state of one object. It is immutable once in the
+// store: a change stores a new one, so that frozen copies of the store
+// stay valid.
 type stored struct {
 	ev      *Event // the Added or Modified event that produced this state
-	changed mark   // its last change
-	created mark   // its Added event
+	changed mark
+	created mark
+	hist    []labelChange // label changes after the horizon, oldest first
 }
 
 // tombstone remembers a deletion.
@@ -62,97 +133,184 @@ type tombstone struct {
 	ev      *Event
 	deleted mark
 	created mark
+	hist    []labelChange
 }
 
-// mark is a point in the log: a seq and the resourceVersion of the change.
-type mark struct{ seq, rv uint64 }
+// objItem is an entry of the store, ordered by namespace, then name, so
+// that one namespace is one range.
+type objItem struct {
+	ns, name string
+	st       *stored
+}
 
-// after reports whether m is after a position, given as a seq or (byRV) a
-// resourceVersion.
-func (m mark) after(pos uint64, byRV bool) bool {
-	if byRV {
-		return m.rv > pos
+func objLess(a, b objItem) bool {
+	if a.ns != b.ns {
+		return a.ns < b.ns
 	}
-	return m.seq > pos
+	return a.name < b.name
 }
 
-// eventLog is a Source's store of current objects plus its ordered log of
-// recent events and deletions. It is not safe for concurrent use: the
-// Source's mutex guards it.
+// change is the latest change of a stored object or a remembered
+// deletion. Ordered by mark, the changes are the compacted history that a
+// catch-up replays.
+type change struct {
+	at   mark
+	st   *stored    // the object's state, or
+	tomb *tombstone // its deletion
+}
+
+func changeLess(a, b change) bool { return b.at.after(a.at) }
+
+// btreeDegree suits small items: nodes of up to 63 items.
+const btreeDegree = 32
+
+// eventLog is a Source's store of current objects, the compacted history
+// of their changes, and its ordered log of recent events. It is not safe
+// for concurrent use: the Source's mutex guards it. The trees it hands out
+// through frozenObjects and frozenChanges are read-only copies that any
+// goroutine may read without the lock.
 type eventLog struct {
 	limits LogLimits
+	budget *logBudget // may be nil
 	now    func() time.Time
 
-	store   map[string]*stored
+	objs    *btree.BTreeG[objItem]
+	changes *btree.BTreeG[change]
+	// frozen copies handed out since the last change, shared by readers.
+	frozenObjs    *btree.BTreeG[objItem]
+	frozenChanges *btree.BTreeG[change]
+
 	entries []logEntry // entries[start:] are the log, oldest first
 	start   int
 	bytes   int64
-	tombs   []tombstone // oldest first
+	tombs   []*tombstone // tombs[tstart:] are remembered, oldest first
 	tstart  int
 
-	lastSeq uint64 // seq of the newest change (0: none)
-	lastRV  uint64 // resourceVersion the log is at
-	// baseSeq/baseRV: the log holds every change after them.
-	baseSeq, baseRV uint64
-	// horizonSeq/horizonRV: the store and tombstones can reconstruct every
-	// change after them (compacted).
-	horizonSeq, horizonRV uint64
+	last    mark   // the newest change or bookmark
+	lastPos string // the newest non-empty position (resourceVersion)
+	// base: the log holds every change after it.
+	base mark
+	// horizon: the store and its changes reconstruct every change after
+	// it, exactly (compacted).
+	horizon mark
 }
 
-func newEventLog(limits LogLimits, now func() time.Time) *eventLog {
-	return &eventLog{limits: limits.withDefaults(), now: now, store: map[string]*stored{}}
+func newEventLog(limits LogLimits, budget *logBudget, now func() time.Time) *eventLog {
+	return &eventLog{
+		limits: limits.withDefaults(), budget: budget, now: now,
+		objs:    btree.NewG(btreeDegree, objLess),
+		changes: btree.NewG(btreeDegree, changeLess),
+	}
 }
 
-// parseRV parses a resourceVersion. Kubernetes calls them opaque; every
-// etcd-backed API server makes them unsigned integers, and resuming needs an
-// order, so an unparsable one makes resuming fall back to a Reset.
-func parseRV(rv string) (uint64, bool) {
-	n, err := strconv.ParseUint(rv, 10, 64)
-	return n, err == nil
+// advance returns the mark of the next change at resourceVersion rv,
+// which never goes below the last one.
+func (l *eventLog) advance(rv uint64, position string) mark {
+	l.last = mark{max(rv, l.last.rv), l.last.seq + 1}
+	if position != "" {
+		l.lastPos = position
+	}
+	l.frozenObjs, l.frozenChanges = nil, nil
+	return l.last
 }
+
+// get returns the stored state of namespace/name, or nil.
+func (l *eventLog) get(ns, name string) *stored {
+	it, _ := l.objs.Get(objItem{ns: ns, name: name})
+	return it.st
+}
+
+// len returns the number of stored objects.
+func (l *eventLog) len() int { return l.objs.Len() }
 
 // append records one change at resourceVersion rv and returns the event
-// that subscribers see, or nil if it changes nothing.
+// that subscribers see, or nil if it changes nothing. A Modified event
+// whose labels changed keeps the previous object, which is what a
+// subscriber whose selector it leaves receives as deleted.
 func (l *eventLog) append(t EventType, obj *Object, rv uint64, position string) *Event {
-	k := obj.key()
-	cur := l.store[k]
+	cur := l.get(obj.Namespace, obj.Name)
 	if t == Deleted && cur == nil {
 		return nil
 	}
 	ev := &Event{Type: t, Object: obj, ResourceVersion: position}
-	l.lastSeq++
-	now := mark{l.lastSeq, rv}
+	at := l.advance(rv, position)
+	if cur != nil {
+		l.changes.Delete(change{at: cur.changed})
+	}
 	switch {
 	case t == Deleted:
-		delete(l.store, k)
-		l.tombs = append(l.tombs, tombstone{ev: ev, deleted: now, created: cur.created})
+		l.objs.Delete(objItem{ns: obj.Namespace, name: obj.Name})
+		tomb := &tombstone{ev: ev, deleted: at, created: cur.created, hist: cur.hist}
+		l.changes.ReplaceOrInsert(change{at: at, tomb: tomb})
+		l.tombs = append(l.tombs, tomb)
 	case cur != nil:
-		ev.Type, ev.prevLabels = Modified, cur.ev.Object.Labels
-		l.store[k] = &stored{ev: ev, changed: now, created: cur.created}
+		prev := cur.ev.Object
+		ev.Type, ev.prevLabels = Modified, prev.Labels
+		hist := cur.hist
+		if !labelsEqual(prev.Labels, obj.Labels) {
+			ev.prev = prev
+			hist = l.remember(hist, labelChange{at: at, before: prev.Labels})
+		}
+		st := &stored{ev: ev, changed: at, created: cur.created, hist: hist}
+		l.objs.ReplaceOrInsert(objItem{obj.Namespace, obj.Name, st})
+		l.changes.ReplaceOrInsert(change{at: at, st: st})
 	default:
 		ev.Type = Added
-		l.store[k] = &stored{ev: ev, changed: now, created: now}
+		st := &stored{ev: ev, changed: at, created: at}
+		l.objs.ReplaceOrInsert(objItem{obj.Namespace, obj.Name, st})
+		l.changes.ReplaceOrInsert(change{at: at, st: st})
 	}
-	l.push(logEntry{seq: now.seq, rv: rv, at: l.now(), ev: ev})
+	l.push(logEntry{at: at, time: l.now(), ev: ev})
 	return ev
+}
+
+// remember returns hist with c added, in a new array (hist is shared with
+// older states), without the changes at or before the horizon, and at most
+// maxLabelHistory long: dropping more moves the horizon.
+func (l *eventLog) remember(hist []labelChange, c labelChange) []labelChange {
+	i := 0
+	for i < len(hist) && !hist[i].at.after(l.horizon) {
+		i++
+	}
+	if n := len(hist) - i; n >= maxLabelHistory {
+		drop := n - maxLabelHistory + 1
+		l.raiseHorizon(hist[i+drop-1].at)
+		i += drop
+	}
+	out := make([]labelChange, 0, len(hist)-i+1)
+	return append(append(out, hist[i:]...), c)
+}
+
+func (l *eventLog) raiseHorizon(m mark) {
+	if m.after(l.horizon) {
+		l.horizon = m
+	}
+}
+
+func labelsEqual(a, b labels.Set) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
 }
 
 // bookmark records that the upstream is at rv without a change.
 func (l *eventLog) bookmark(rv uint64, position string) *Event {
 	ev := &Event{Type: Bookmark, ResourceVersion: position}
-	l.lastSeq++
-	l.push(logEntry{seq: l.lastSeq, rv: rv, at: l.now(), ev: ev})
+	l.push(logEntry{at: l.advance(rv, position), time: l.now(), ev: ev})
 	return ev
 }
 
 func (l *eventLog) push(e logEntry) {
 	l.entries = append(l.entries, e)
-	if e.ev.Object != nil {
-		l.bytes += int64(len(e.ev.Object.Data))
-	}
-	if e.rv > l.lastRV {
-		l.lastRV = e.rv
-	}
+	n := e.ev.size()
+	l.bytes += n
+	l.budget.add(n)
 	l.trim()
 }
 
@@ -163,22 +321,23 @@ func (l *eventLog) trim() {
 	for l.start < len(l.entries) {
 		e := &l.entries[l.start]
 		n := len(l.entries) - l.start
-		overBytes := l.bytes > l.limits.MaxBytes
-		overCount := n > l.limits.MaxEvents && now.Sub(e.at) >= l.limits.MinAge
+		overBytes := l.bytes > l.limits.MaxBytes || l.budget.over()
+		overCount := n > l.limits.MaxEvents && now.Sub(e.time) >= l.limits.MinAge
 		if !overBytes && !overCount {
 			break
 		}
-		if e.ev.Object != nil {
-			l.bytes -= int64(len(e.ev.Object.Data))
-		}
-		l.baseSeq, l.baseRV = e.seq, e.rv
+		size := e.ev.size()
+		l.bytes -= size
+		l.budget.add(-size)
+		l.base = e.at
 		*e = logEntry{}
 		l.start++
 	}
 	for len(l.tombs)-l.tstart > l.limits.MaxTombstones {
-		t := &l.tombs[l.tstart]
-		l.horizonSeq, l.horizonRV = t.deleted.seq, t.deleted.rv
-		*t = tombstone{}
+		t := l.tombs[l.tstart]
+		l.changes.Delete(change{at: t.deleted})
+		l.raiseHorizon(t.deleted)
+		l.tombs[l.tstart] = nil
 		l.tstart++
 	}
 	// Compact the backing arrays once half of them is dead.
@@ -187,110 +346,94 @@ func (l *eventLog) trim() {
 		l.start = 0
 	}
 	if l.tstart > 1024 && l.tstart > len(l.tombs)/2 {
-		l.tombs = append([]tombstone(nil), l.tombs[l.tstart:]...)
+		l.tombs = append([]*tombstone(nil), l.tombs[l.tstart:]...)
 		l.tstart = 0
 	}
 }
 
-// reset starts the log over at rv with objects as the store, for the
-// initial sync. It publishes nothing.
+// reset starts the log over at rv with objs as the store, for the initial
+// sync. It publishes nothing.
 func (l *eventLog) reset(objs []*Object, rv uint64, position string) {
-	l.store = make(map[string]*stored, len(objs))
+	l.budget.add(-l.bytes)
+	l.objs.Clear(false)
+	l.changes.Clear(false)
+	l.last.rv = rv
 	for _, o := range objs {
-		l.lastSeq++
-		m := mark{l.lastSeq, rv}
-		l.store[o.key()] = &stored{ev: &Event{Type: Added, Object: o, ResourceVersion: position}, changed: m, created: m}
+		at := l.advance(rv, position)
+		st := &stored{ev: &Event{Type: Added, Object: o, ResourceVersion: position}, changed: at, created: at}
+		l.objs.ReplaceOrInsert(objItem{o.Namespace, o.Name, st})
+		l.changes.ReplaceOrInsert(change{at: at, st: st})
 	}
+	l.lastPos = position
+	l.frozenObjs, l.frozenChanges = nil, nil
 	l.entries, l.start, l.bytes = nil, 0, 0
 	l.tombs, l.tstart = nil, 0
-	l.lastRV = rv
-	l.baseSeq, l.baseRV = l.lastSeq, rv
-	l.horizonSeq, l.horizonRV = l.lastSeq, rv
+	l.base, l.horizon = l.last, l.last
 }
 
-// since returns up to max events after seq, and the seq of the last one
-// returned. ok is false when seq is older than the log.
-func (l *eventLog) since(seq uint64, max int) (evs []*Event, last uint64, ok bool) {
-	if seq < l.baseSeq {
-		return nil, seq, false
+// release returns the log's bytes to the budget, when its Source stops.
+func (l *eventLog) release() {
+	l.budget.add(-l.bytes)
+	l.bytes = 0
+}
+
+// since returns up to max events after position p, and the position of
+// the last one returned. ok is false when p is older than the log.
+func (l *eventLog) since(p mark, max int) (evs []*Event, last mark, ok bool) {
+	if p.seq < l.base.seq {
+		return nil, p, false
 	}
-	i := l.start + int(seq-l.baseSeq)
+	i := l.start + int(p.seq-l.base.seq)
 	end := min(len(l.entries), i+max)
+	if end <= i {
+		return nil, p, true
+	}
 	evs = make([]*Event, 0, end-i)
 	for _, e := range l.entries[i:end] {
 		evs = append(evs, e.ev)
 	}
-	if end > i {
-		seq = l.entries[end-1].seq
-	}
-	return evs, seq, true
+	return evs, l.entries[end-1].at, true
 }
 
-// seqForRV returns the cursor that resumes after resourceVersion rv: ok is
-// false if the log no longer holds every change after rv.
-func (l *eventLog) seqForRV(rv uint64) (seq uint64, ok bool) {
-	if rv < l.baseRV || rv > l.lastRV {
-		return 0, false
+// resumeAt returns the position in the log that resumes after
+// resourceVersion rv: ok is false if the log no longer holds every change
+// after rv.
+func (l *eventLog) resumeAt(rv uint64) (mark, bool) {
+	if rv < l.base.rv || rv > l.last.rv {
+		return mark{}, false
 	}
 	live := l.entries[l.start:]
 	// The first entry with a larger resourceVersion starts the resume.
 	i, _ := slices.BinarySearchFunc(live, rv+1, func(e logEntry, target uint64) int {
-		if e.rv < target {
+		switch {
+		case e.at.rv < target:
 			return -1
-		}
-		if e.rv > target {
+		case e.at.rv > target:
 			return 1
 		}
 		return 0
 	})
 	if i == 0 {
-		return l.baseSeq, true
+		return l.base, true
 	}
-	return live[i-1].seq, true
+	return live[i-1].at, true
 }
 
-// catchUp returns the compacted changes after a position: the latest state
-// of each object changed after it (Added if created after it, else
-// Modified) and the deletions of objects that existed at it, in the order
-// they happened. A position is a seq, or a resourceVersion if byRV. ok is
-// false past the horizon, where deletions have been forgotten.
-func (l *eventLog) catchUp(pos uint64, byRV bool) (evs []*Event, ok bool) {
-	if (!byRV && pos < l.horizonSeq) || (byRV && pos < l.horizonRV) {
-		return nil, false
+// canCatchUp reports whether the compacted history is exact after p.
+func (l *eventLog) canCatchUp(p mark) bool { return !l.horizon.after(p) }
+
+// frozenObjects returns a read-only copy of the store, in O(1).
+func (l *eventLog) frozenObjects() *btree.BTreeG[objItem] {
+	if l.frozenObjs == nil {
+		l.frozenObjs = l.objs.Clone()
 	}
-	type item struct {
-		seq uint64
-		ev  *Event
-	}
-	var items []item
-	for _, s := range l.store {
-		if !s.changed.after(pos, byRV) {
-			continue
-		}
-		t := Modified
-		if s.created.after(pos, byRV) {
-			t = Added
-		}
-		items = append(items, item{s.changed.seq, s.ev.as(t)})
-	}
-	for _, t := range l.tombs[l.tstart:] {
-		if t.deleted.after(pos, byRV) && !t.created.after(pos, byRV) {
-			items = append(items, item{t.deleted.seq, t.ev})
-		}
-	}
-	slices.SortFunc(items, func(a, b item) int { return cmp.Compare(a.seq, b.seq) })
-	evs = make([]*Event, len(items))
-	for i, it := range items {
-		evs[i] = it.ev
-	}
-	return evs, true
+	return l.frozenObjs
 }
 
-// snapshot returns the current objects as Added events, unordered.
-func (l *eventLog) snapshot() []*Event {
-	evs := make([]*Event, 0, len(l.store))
-	for _, s := range l.store {
-		evs = append(evs, s.ev.as(Added))
+// frozenHistory returns a read-only copy of the compacted history, in O(1).
+func (l *eventLog) frozenHistory() *btree.BTreeG[change] {
+	if l.frozenChanges == nil {
+		l.frozenChanges = l.changes.Clone()
 	}
-	return evs
+	return l.frozenChanges
 }

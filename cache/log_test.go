@@ -38,7 +38,19 @@ func newTestLog(limits LogLimits) (*eventLog, *fakeClock) {
 	if limits.MinAge == 0 {
 		limits.MinAge = -1 // no age floor unless a test asks for one
 	}
-	return newEventLog(limits, c.now), c
+	return newEventLog(limits, nil, c.now), c
+}
+
+// readPhase reads a snapshot or catch-up to its end.
+func readPhase(p phase, f Filter) []*Event {
+	var out []*Event
+	for {
+		evs, done := p.read(f, 3)
+		out = append(out, evs...)
+		if done {
+			return out
+		}
+	}
 }
 
 // put appends a watch event at rv n.
@@ -59,9 +71,9 @@ func TestEventLogAppendTypes(t *testing.T) {
 	if got := put(l, Deleted, "zz", 13, nil); got != nil {
 		t.Errorf("deleting an unknown object published %s, want nothing", got.Type)
 	}
-	evs, last, ok := l.since(l.baseSeq, 100)
-	if !ok || last != l.lastSeq {
-		t.Fatalf("since(base) = ok %v last %d, want ok and %d", ok, last, l.lastSeq)
+	evs, last, ok := l.since(l.base, 100)
+	if !ok || last != l.last {
+		t.Fatalf("since(base) = ok %v last %v, want ok and %v", ok, last, l.last)
 	}
 	want := []string{"MODIFIED a@11", "ADDED b@12"}
 	if got := describe(evs); !slices.Equal(got, want) {
@@ -96,19 +108,24 @@ func TestEventLogTrimAndResume(t *testing.T) {
 			put(l, Added, "c", 13, nil)
 			put(l, Deleted, "c", 14, nil)
 			put(l, Deleted, "a", 15, nil)
-			_, ok := l.seqForRV(tt.resumeRV)
+			_, ok := l.resumeAt(tt.resumeRV)
 			if ok != tt.wantSeq {
-				t.Fatalf("seqForRV(%d) ok = %v, want %v (base rv %d)", tt.resumeRV, ok, tt.wantSeq, l.baseRV)
+				t.Fatalf("resumeAt(%d) ok = %v, want %v (base %v)", tt.resumeRV, ok, tt.wantSeq, l.base)
 			}
 			if tt.wantSeq {
 				return
 			}
-			evs, ok := l.catchUp(tt.resumeRV, true)
+			from := atRV(tt.resumeRV)
+			ok = l.canCatchUp(from)
 			if ok != (tt.wantCU != nil) {
-				t.Fatalf("catchUp ok = %v, want %v", ok, tt.wantCU != nil)
+				t.Fatalf("canCatchUp = %v, want %v", ok, tt.wantCU != nil)
 			}
-			if got := describe(evs); ok && !slices.Equal(got, tt.wantCU) {
-				t.Errorf("catch-up = %v, want %v", got, tt.wantCU)
+			if !ok {
+				return
+			}
+			got := describe(readPhase(newCatchUp(l, from), Filter{}))
+			if want := append(tt.wantCU, "BOOKMARK @15"); !slices.Equal(got, want) {
+				t.Errorf("catch-up = %v, want %v", got, want)
 			}
 		})
 	}
@@ -119,12 +136,12 @@ func TestEventLogMinAgeKeepsRecentEvents(t *testing.T) {
 	l.reset(nil, 1, "1")
 	put(l, Added, "a", 2, nil)
 	put(l, Added, "b", 3, nil)
-	if _, ok := l.seqForRV(1); !ok {
+	if _, ok := l.resumeAt(1); !ok {
 		t.Fatal("an event younger than MinAge was trimmed past MaxEvents")
 	}
 	clock.t = clock.t.Add(2 * time.Minute)
 	put(l, Added, "c", 4, nil)
-	if _, ok := l.seqForRV(1); ok {
+	if _, ok := l.resumeAt(1); ok {
 		t.Fatal("events older than MinAge were kept past MaxEvents")
 	}
 	if n := len(l.entries) - l.start; n != 1 {
@@ -172,8 +189,8 @@ func TestFilterSelectorTransitions(t *testing.T) {
 		t.Error("the DELETED variant of an event is not memoized")
 	}
 	other := Filter{Namespace: "elsewhere"}
-	if e := other.applyCatchUp(steps[0].ev); e != nil {
-		t.Errorf("catch-up leaked an object of another namespace: %v", describe([]*Event{e}))
+	if evs := readPhase(newCatchUp(l, atRV(1)), other); len(evs) != 1 || evs[0].Type != Bookmark {
+		t.Errorf("catch-up leaked objects of another namespace: %v", describe(evs))
 	}
 }
 
@@ -213,5 +230,99 @@ func TestWithTypeMeta(t *testing.T) {
 		} else if again.Kind != got.Kind || again.APIVersion != got.APIVersion {
 			t.Errorf("result %s decodes as %s %s, the Object says %s %s", got.Data, again.APIVersion, again.Kind, got.APIVersion, got.Kind)
 		}
+	}
+}
+
+// TestCatchUpSendsOnlyDeletionsASubscriberMaySee (defect 9.1): a
+// compacted catch-up for a label-filtered subscriber sends DELETED only
+// for objects that matched its selector at its position, using the labels
+// each object had then, and nothing for objects it never saw.
+func TestCatchUpSendsOnlyDeletionsASubscriberMaySee(t *testing.T) {
+	web := map[string]string{"app": "web"}
+	db := map[string]string{"app": "db"}
+	l, _ := newTestLog(LogLimits{MaxEvents: 1})
+	l.reset([]*Object{
+		obj("matched-deleted", "1", web),
+		obj("never-deleted", "1", db),
+		obj("matched-changed-away", "1", web),
+		obj("never-changed", "1", db),
+		obj("never-changed-in", "1", db),
+		obj("matched-away-and-back", "1", web),
+		obj("matched-relabelled-deleted", "1", web),
+	}, 1, "1")
+	from := atRV(1) // the subscriber has seen everything up to 1
+	put(l, Deleted, "matched-deleted", 2, web)
+	put(l, Deleted, "never-deleted", 3, db)
+	put(l, Modified, "matched-changed-away", 4, db)
+	put(l, Modified, "never-changed", 5, map[string]string{"app": "db", "x": "y"})
+	put(l, Modified, "never-changed-in", 6, web)
+	put(l, Modified, "matched-away-and-back", 7, db)
+	put(l, Modified, "matched-away-and-back", 8, web)
+	put(l, Modified, "matched-relabelled-deleted", 9, db)
+	put(l, Modified, "matched-relabelled-deleted", 10, map[string]string{"app": "db", "v": "2"})
+	put(l, Deleted, "matched-relabelled-deleted", 11, nil)
+	put(l, Added, "created-deleted", 12, web)
+	put(l, Deleted, "created-deleted", 13, web)
+	if _, ok := l.resumeAt(1); ok {
+		t.Fatal("the log still holds rv 1: the test needs a catch-up")
+	}
+	if !l.canCatchUp(from) {
+		t.Fatal("a catch-up from 1 is past the horizon")
+	}
+	f := Filter{Namespace: "ns", Labels: labels.SelectorFromSet(web)}
+	got := describe(readPhase(newCatchUp(l, from), f))
+	want := []string{
+		"DELETED matched-deleted@2",
+		"DELETED matched-changed-away@4",
+		"ADDED never-changed-in@6",
+		"MODIFIED matched-away-and-back@8",
+		"DELETED matched-relabelled-deleted@11",
+		"BOOKMARK @13",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("catch-up = %v\nwant       %v", got, want)
+	}
+}
+
+// TestLabelHistoryBoundMovesTheHorizon: an object whose labels change
+// more often than the history keeps moves the horizon, so that a
+// catch-up that could not be exact becomes a snapshot instead.
+func TestLabelHistoryBoundMovesTheHorizon(t *testing.T) {
+	l, _ := newTestLog(LogLimits{MaxEvents: 1})
+	l.reset([]*Object{obj("a", "1", map[string]string{"v": "0"})}, 1, "1")
+	for i := 2; i <= maxLabelHistory+2; i++ {
+		put(l, Modified, "a", uint64(i), map[string]string{"v": strconv.Itoa(i)})
+	}
+	if l.canCatchUp(atRV(1)) {
+		t.Fatalf("after %d label changes a catch-up from 1 is still allowed; horizon %v", maxLabelHistory+1, l.horizon)
+	}
+	if !l.canCatchUp(atRV(3)) {
+		t.Fatalf("a catch-up from 3 is refused; horizon %v", l.horizon)
+	}
+}
+
+// TestDeletedForASelectorCarriesThePreviousObject: an object that leaves a
+// selector is sent to that selector's subscribers as deleted with its
+// previous content at the change's resourceVersion, as the API server
+// sends it.
+func TestDeletedForASelectorCarriesThePreviousObject(t *testing.T) {
+	web := map[string]string{"app": "web"}
+	l, _ := newTestLog(LogLimits{})
+	l.reset([]*Object{obj("a", "1", web)}, 1, "1")
+	prev := l.get("ns", "a").ev.Object
+	ev := put(l, Modified, "a", 2, map[string]string{"app": "db"})
+	del := Filter{Labels: labels.SelectorFromSet(web)}.apply(ev)
+	if del == nil || del.Type != Deleted {
+		t.Fatalf("the web subscriber got %v, want DELETED", del)
+	}
+	o, err := decodeObject(del.Object.Data, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.ResourceVersion != "2" || del.Object.ResourceVersion != "2" {
+		t.Errorf("DELETED carries resourceVersion %q (object %q), want the change's 2", del.Object.ResourceVersion, o.ResourceVersion)
+	}
+	if string(del.Object.Labels["app"]) != "web" || del.Object.Name != prev.Name {
+		t.Errorf("DELETED carries labels %v, want the previous object's", del.Object.Labels)
 	}
 }

@@ -65,6 +65,25 @@ type Options struct {
 	UpstreamTimeout time.Duration
 	// DisableWatchList lists with LIST instead of WatchList streaming.
 	DisableWatchList bool
+	// MaxObjectBytes refuses objects whose encoding is larger: they are not
+	// served (a stored object that grows past it is served as deleted),
+	// and each is logged, counted and named in the informer's status.
+	// Default 0: no limit.
+	MaxObjectBytes int
+	// MaxSources bounds the informers that run at once, lingering ones
+	// included: when it is reached, the least recently used lingering one
+	// is stopped for a new one, and if none lingers the request fails
+	// with ErrLimit. Default 0: no limit.
+	MaxSources int
+	// MaxSourcesPerOwner bounds the distinct informers the requests of one
+	// Request.Owner hold at once; more fail with ErrLimit. Requests without
+	// an Owner are not counted. Default 0: no limit.
+	MaxSourcesPerOwner int
+	// MaxLogBytes bounds the object bytes that the event logs of all
+	// informers refer to together (each is also bounded by Log.MaxBytes):
+	// a log over it drops its oldest events. Default 0: no bound beyond
+	// each log's.
+	MaxLogBytes int64
 	// Logger. Default slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the metrics. Default: none are registered.
@@ -82,8 +101,17 @@ type Request struct {
 	Filter    Filter // Filter.Namespace is set from Namespace
 	// FieldSelector, canonical, is evaluated by the API server.
 	FieldSelector string
-	// Resume is a resourceVersion to resume after; "" for a snapshot.
+	// Resume is a resourceVersion to resume after; "" for a snapshot. A
+	// resourceVersion that is not a number resumes with a snapshot.
 	Resume string
+	// NotOlderThan, a resourceVersion, makes the subscription wait (up to
+	// a few seconds, then ErrTooNew) until its informer has reached it, as
+	// Resume does: a client that has seen a state never receives an older
+	// one, even from another informer.
+	NotOlderThan string
+	// Owner is the identity on whose behalf the request is made, for
+	// Options.MaxSourcesPerOwner; "" is not counted.
+	Owner string
 	// WaitForResource waits for an unknown resource to appear (for example
 	// a CRD being created) instead of failing with ErrUnknownResource.
 	WaitForResource bool
@@ -100,26 +128,38 @@ type Request struct {
 // stops it on eviction. Its methods are safe for concurrent use.
 type Manager struct {
 	opts    Options
-	client  rest.Interface
 	kube    kubernetes.Interface
-	mapper  *restmapper.DeferredDiscoveryRESTMapper
+	mapper  resettableMapper
 	log     *slog.Logger
 	metrics *metrics
-	ctx     context.Context // parent of every Source; ended by Close
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup // eviction and stopping goroutines
+	budget  *logBudget
+	// newUpstream makes the upstream of a Key (tests replace it).
+	newUpstream func(Key) upstream
+	ctx         context.Context // parent of every Source; ended by Close
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup // eviction and stopping goroutines
 	// closing is set before Close purges the LRU, so that the LRU's expiry
 	// goroutine starts no more work.
 	closing atomic.Bool
 
-	mu      sync.Mutex // guards sources, closed and scopeCache; before lru's lock
+	mu      sync.Mutex // guards the fields below; taken before lru's lock
 	sources map[Key]*entry
-	closed  bool
+	// owned counts the entries each Request.Owner holds.
+	owned  map[string]int
+	closed bool
 	// scopeCache remembers whether the daemon may watch a resource
 	// cluster-wide (ScopeAutomatic), for a minute.
 	scopeCache map[schema.GroupVersionResource]scopeDecision
-	reviews    singleflight.Group // of reviewClusterAccess, by GVR
-	lru        *expirable.LRU[Key, *entry]
+	// refreshed is when discovery was last forgotten.
+	refreshed time.Time
+	reviews   singleflight.Group // of reviewClusterAccess, by GVR
+	lru       *expirable.LRU[Key, *entry]
+}
+
+// resettableMapper is a RESTMapper whose cached discovery can be dropped.
+type resettableMapper interface {
+	meta.RESTMapper
+	Reset()
 }
 
 // entry is one Source and who holds it.
@@ -127,6 +167,7 @@ type entry struct {
 	src     *Source
 	refs    int
 	holders map[string]int
+	owners  map[string]int // holds per Request.Owner
 }
 
 type scopeDecision struct {
@@ -134,18 +175,15 @@ type scopeDecision struct {
 	at      time.Time
 }
 
-// NewManager returns a Manager; Close stops it.
-func NewManager(opts Options) (*Manager, error) {
-	if opts.Config == nil {
-		return nil, errors.New("cache: Options.Config is required")
-	}
+// withDefaults returns opts with the documented defaults filled in.
+func (opts Options) withDefaults() (Options, error) {
 	if opts.Scope == "" {
 		opts.Scope = ScopeAutomatic
 	}
 	switch opts.Scope {
 	case ScopeAutomatic, ScopeCluster, ScopeNamespace:
 	default:
-		return nil, fmt.Errorf("cache: unknown scope strategy %q (want automatic, cluster or namespace)", opts.Scope)
+		return opts, fmt.Errorf("cache: unknown scope strategy %q (want automatic, cluster or namespace)", opts.Scope)
 	}
 	if opts.LingerTTL <= 0 {
 		opts.LingerTTL = 2 * time.Minute
@@ -161,6 +199,18 @@ func NewManager(opts Options) (*Manager, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	return opts, nil
+}
+
+// NewManager returns a Manager; Close stops it.
+func NewManager(opts Options) (*Manager, error) {
+	if opts.Config == nil {
+		return nil, errors.New("cache: Options.Config is required")
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	cfg := rest.CopyConfig(opts.Config)
 	cfg.GroupVersion = &schema.GroupVersion{}
@@ -179,22 +229,40 @@ func NewManager(opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
-	m := &Manager{
-		opts: opts, client: client, kube: kube,
-		mapper:     restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)),
-		log:        opts.Logger,
-		metrics:    newMetrics(opts.Registerer),
-		sources:    map[Key]*entry{},
-		scopeCache: map[schema.GroupVersionResource]scopeDecision{},
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	newUpstream := func(key Key) upstream {
+		return &restUpstream{
+			client: client, path: collectionPath(key), fieldSel: key.FieldSelector,
+			pageSize: opts.PageSize, timeout: opts.UpstreamTimeout,
+			stripMF: !opts.KeepManagedFields, watchList: !opts.DisableWatchList, protobuf: key.Protobuf,
+		}
 	}
+	m := newManager(opts, mapper, newUpstream)
+	m.kube = kube
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(sourceCollector{m}); err != nil {
+			m.Close()
 			return nil, fmt.Errorf("cache: registering metrics: %w", err)
 		}
 	}
+	return m, nil
+}
+
+// newManager returns a Manager of defaulted opts that maps resources with
+// mapper and reaches the API server through newUpstream.
+func newManager(opts Options, mapper resettableMapper, newUpstream func(Key) upstream) *Manager {
+	m := &Manager{
+		opts: opts, mapper: mapper, newUpstream: newUpstream,
+		log:        opts.Logger,
+		metrics:    newMetrics(opts.Registerer),
+		budget:     &logBudget{max: opts.MaxLogBytes},
+		sources:    map[Key]*entry{},
+		owned:      map[string]int{},
+		scopeCache: map[schema.GroupVersionResource]scopeDecision{},
+	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.lru = expirable.NewLRU[Key, *entry](opts.MaxLingering, m.onEvict, opts.LingerTTL)
-	return m, nil
+	return m
 }
 
 // Subscribe resolves req to a Key, acquires its Source (starting it if
@@ -208,19 +276,45 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 	if err != nil {
 		return nil, err
 	}
-	src, release, err := m.acquire(key, gvk, req.Holder)
+	src, release, err := m.acquire(key, gvk, req.Holder, req.Owner)
 	if err != nil {
 		return nil, err
 	}
 	req.Filter.Namespace = req.Namespace
 	sub := &Subscription{src: src, filter: req.Filter, release: release}
-	if err := sub.start(ctx, req.Resume); err != nil {
+	if err := sub.start(ctx, req.Resume, req.NotOlderThan); err != nil {
 		sub.Close()
 		return nil, err
 	}
 	m.metrics.subscribers.Inc()
 	sub.release = func() { m.metrics.subscribers.Dec(); release() }
 	return sub, nil
+}
+
+// Get returns the object name in req.Namespace as the informer that
+// serves req stores it, once that informer has synced (and reached
+// req.NotOlderThan): O(log n) when the informer runs, which it keeps doing
+// for Options.LingerTTL after. Errors: those of Subscribe, and
+// ErrObjectNotFound.
+func (m *Manager) Get(ctx context.Context, req Request, name string) (*Object, error) {
+	req.Resume = ""
+	sub, err := m.Subscribe(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Close()
+	o, ok := sub.Get(req.Namespace, name)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s %q in %s", ErrObjectNotFound, sub.Key().GVR.GroupResource(), name, namespaceOrCluster(req.Namespace))
+	}
+	return o, nil
+}
+
+func namespaceOrCluster(ns string) string {
+	if ns == "" {
+		return "the cluster"
+	}
+	return "namespace " + ns
 }
 
 // resolve maps a request to the Key that serves it.
@@ -258,8 +352,22 @@ func (m *Manager) running(key Key) bool {
 }
 
 // discoveryRetry is how often a request waiting for its resource rereads
-// discovery.
+// discovery, and how often at most discovery is reread, whoever asks.
 const discoveryRetry = time.Second
+
+// refreshDiscovery drops the cached discovery, so that the next lookup
+// rereads it, at most once per discoveryRetry: requests for unknown
+// resources cost the API server a bounded rate of discovery requests,
+// however many there are.
+func (m *Manager) refreshDiscovery() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if time.Since(m.refreshed) < discoveryRetry {
+		return
+	}
+	m.refreshed = time.Now()
+	m.mapper.Reset()
+}
 
 // lookup maps a request's resource (or kind) through discovery, rereading
 // it once when the resource is unknown, and, if the request waits, every
@@ -271,7 +379,7 @@ func (m *Manager) lookup(ctx context.Context, req Request) (*meta.RESTMapping, e
 	}
 	for reset := false; ; reset = true {
 		if reset {
-			m.mapper.Reset()
+			m.refreshDiscovery()
 		}
 		mapping, err := m.mapping(req)
 		if err == nil {
@@ -367,8 +475,9 @@ func (m *Manager) reviewClusterAccess(ctx context.Context, gvr schema.GroupVersi
 }
 
 // acquire returns the running Source for key, starting one if none runs,
-// and a func that releases the hold.
-func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder string) (*Source, func(), error) {
+// and a func that releases the hold. It enforces MaxSources and
+// MaxSourcesPerOwner.
+func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder, owner string) (*Source, func(), error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -381,15 +490,22 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder string) (
 		m.removeLocked(key, e)
 		e = nil
 	}
-	if e == nil {
-		up := &restUpstream{
-			client: m.client, path: collectionPath(key), fieldSel: key.FieldSelector,
-			pageSize: m.opts.PageSize, timeout: m.opts.UpstreamTimeout,
-			stripMF: !m.opts.KeepManagedFields, watchList: !m.opts.DisableWatchList, protobuf: key.Protobuf,
+	if owner != "" && (e == nil || e.owners[owner] == 0) {
+		if max := m.opts.MaxSourcesPerOwner; max > 0 && m.owned[owner] >= max {
+			return nil, nil, fmt.Errorf("%w: %s already holds %d informers, the most one caller may hold at once; close some streams first", ErrLimit, owner, max)
 		}
-		e = &entry{src: newSource(key, up, m.opts.Log, m.opts.UpstreamTimeout, m.log, m.metrics), holders: map[string]int{}}
-		e.src.apiVersion, e.src.kind = gvk.GroupVersion().String(), gvk.Kind
-		e.src.start(m.ctx)
+	}
+	if e == nil {
+		if err := m.makeRoomLocked(); err != nil {
+			return nil, nil, err
+		}
+		src := newSource(key, m.newUpstream(key), sourceConfig{
+			limits: m.opts.Log, budget: m.budget, idleTimeout: m.opts.UpstreamTimeout,
+			maxObjectBytes: m.opts.MaxObjectBytes, log: m.log, metrics: m.metrics,
+		})
+		src.apiVersion, src.kind = gvk.GroupVersion().String(), gvk.Kind
+		src.start(m.ctx)
+		e = &entry{src: src, holders: map[string]int{}, owners: map[string]int{}}
 		m.sources[key] = e
 		m.metrics.sources.Inc()
 	} else if e.refs == 0 {
@@ -397,16 +513,47 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder string) (
 	}
 	e.refs++
 	e.holders[holder]++
+	if owner != "" {
+		if e.owners[owner]++; e.owners[owner] == 1 {
+			m.owned[owner]++
+		}
+	}
 	var once sync.Once
-	return e.src, func() { once.Do(func() { m.release(key, e, holder) }) }, nil
+	return e.src, func() { once.Do(func() { m.release(key, e, holder, owner) }) }, nil
 }
 
-func (m *Manager) release(key Key, e *entry, holder string) {
+// makeRoomLocked makes room for one more Source under MaxSources, stopping
+// the least recently used lingering one if it must.
+func (m *Manager) makeRoomLocked() error {
+	max := m.opts.MaxSources
+	if max <= 0 || len(m.sources) < max {
+		return nil
+	}
+	key, e, ok := m.lru.GetOldest()
+	if !ok {
+		return fmt.Errorf("%w: the daemon runs its maximum of %d informers and every one is in use; retry later", ErrLimit, max)
+	}
+	m.lru.Remove(key) // its onEvict finds it gone and does nothing
+	if m.sources[key] == e {
+		m.removeLocked(key, e)
+	}
+	return nil
+}
+
+func (m *Manager) release(key Key, e *entry, holder, owner string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e.refs--
 	if e.holders[holder]--; e.holders[holder] == 0 {
 		delete(e.holders, holder)
+	}
+	if owner != "" {
+		if e.owners[owner]--; e.owners[owner] == 0 {
+			delete(e.owners, owner)
+			if m.owned[owner]--; m.owned[owner] == 0 {
+				delete(m.owned, owner)
+			}
+		}
 	}
 	if e.refs > 0 || m.closed || m.sources[key] != e {
 		return // still held, shutting down, or already replaced

@@ -13,6 +13,7 @@ type metrics struct {
 	upstreamRelists prometheus.Counter
 	eventsIn        prometheus.Counter
 	catchUps        prometheus.Counter
+	objectsRefused  prometheus.Counter
 }
 
 // newMetrics creates the metrics and registers them on reg if it is not nil.
@@ -26,9 +27,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		upstreamRelists: prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_upstream_relists_total", Help: "Relists after a watch's resourceVersion expired."}),
 		eventsIn:        prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_events_in_total", Help: "Events received from the API server (relists count their difference)."}),
 		catchUps:        prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_subscriber_catchups_total", Help: "Times a subscriber fell out of an event log and was caught up from the store."}),
+		objectsRefused:  prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_objects_refused_total", Help: "Object states not served because they were larger than -max-object-bytes."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.sources, m.subscribers, m.objects, m.upstreamLists, m.upstreamWatches, m.upstreamRelists, m.eventsIn, m.catchUps)
+		reg.MustRegister(m.sources, m.subscribers, m.objects, m.upstreamLists, m.upstreamWatches, m.upstreamRelists, m.eventsIn, m.catchUps, m.objectsRefused)
 	}
 	return m
 }

@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
-	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/informerd/informerd/internal/backoff"
 )
 
 // SourceState is a Source's sync state.
@@ -34,20 +35,25 @@ type Source struct {
 	key Key
 	// apiVersion and kind of the resource, for markers.
 	apiVersion, kind string
-	// idleTimeout bounds how long a watch may bring nothing.
-	idleTimeout time.Duration
-	up          upstream
-	log         *slog.Logger
-	hooks       *metrics
-	cancel      context.CancelFunc
-	done        chan struct{} // closed when run returns
+	cfg              sourceConfig
+	up               upstream
+	log              *slog.Logger
+	hooks            *metrics
+	cancel           context.CancelFunc
+	done             chan struct{} // closed when run returns
 
 	mu     sync.Mutex // guards the fields below
 	events *eventLog
 	synced bool
 	state  SourceState
+	// opaque is set once the API server sent a resourceVersion that is not
+	// a number (an aggregated API may): positions are then not compared,
+	// and every resume is a snapshot.
+	opaque bool
 	// lastErr is the latest upstream error (nil after a success).
 	lastErr error
+	// refused names the last object refused for its size, for status.
+	refused string
 	// terminal is set when the Source will publish nothing more.
 	terminal error
 	// notify is closed and replaced whenever anything above changes.
@@ -56,12 +62,23 @@ type Source struct {
 	subs map[*Subscription]struct{}
 }
 
-func newSource(key Key, up upstream, limits LogLimits, idleTimeout time.Duration, log *slog.Logger, m *metrics) *Source {
+// sourceConfig is what a Manager gives each of its Sources.
+type sourceConfig struct {
+	limits LogLimits
+	budget *logBudget // may be nil
+	// idleTimeout bounds how long a watch may bring nothing.
+	idleTimeout time.Duration
+	// maxObjectBytes refuses larger objects; 0: no limit.
+	maxObjectBytes int
+	log            *slog.Logger
+	metrics        *metrics
+}
+
+func newSource(key Key, up upstream, cfg sourceConfig) *Source {
 	return &Source{
-		idleTimeout: idleTimeout,
-		key:         key, up: up, log: log.With("informer", key.String()), hooks: m,
+		key: key, cfg: cfg, up: up, log: cfg.log.With("informer", key.String()), hooks: cfg.metrics,
 		done:   make(chan struct{}),
-		events: newEventLog(limits, time.Now),
+		events: newEventLog(cfg.limits, cfg.budget, time.Now),
 		state:  StateSyncing,
 		notify: make(chan struct{}),
 		subs:   map[*Subscription]struct{}{},
@@ -81,7 +98,8 @@ func (s *Source) start(parent context.Context) {
 		s.mu.Lock()
 		s.terminal = err
 		s.state = StateStopped
-		s.hooks.objects.Sub(float64(len(s.events.store)))
+		s.hooks.objects.Sub(float64(s.events.len()))
+		s.events.release()
 		s.broadcastLocked()
 		s.mu.Unlock()
 	}()
@@ -108,27 +126,11 @@ func (s *Source) broadcastLocked() {
 	s.notify = make(chan struct{})
 }
 
-// backoff is the reflector's: 800ms doubling to 30s, full jitter, reset
-// after a success.
-type backoff struct{ next time.Duration }
-
-func (b *backoff) wait(ctx context.Context) error {
-	if b.next == 0 {
-		b.next = 800 * time.Millisecond
-	}
-	d := b.next/2 + rand.N(b.next/2+1)
-	b.next = min(2*b.next, 30*time.Second)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+// newUpstreamBackoff is the reflector's backoff: 800ms doubling to 30s,
+// jittered, reset after a list, or a watch, that delivered something.
+func newUpstreamBackoff() *backoff.Backoff {
+	return &backoff.Backoff{Initial: 800 * time.Millisecond, Max: 30 * time.Second}
 }
-
-func (b *backoff) reset() { b.next = 0 }
 
 // action is what the loop does after an upstream error.
 type action int
@@ -137,6 +139,7 @@ const (
 	retryWatch action = iota // back off, watch again from the same resourceVersion
 	relist                   // list again and publish the difference
 	giveUp                   // terminal: tell subscribers and stop
+	reject                   // terminal: the request itself is invalid
 )
 
 // classify sorts upstream errors, in one place:
@@ -146,6 +149,10 @@ const (
 //     deleted): terminal.
 //   - 405 MethodNotAllowed: the resource cannot be listed or watched:
 //     terminal.
+//   - 400 BadRequest and 422 Invalid: the API server rejects the request
+//     itself (a field selector it does not support): terminal, with its
+//     message. (A 400 to WatchList's parameters never gets here: list
+//     falls back to LIST first.)
 //   - everything else (network errors, 429, 5xx, 403 while RBAC catches
 //     up): back off and retry; the Source is stale meanwhile.
 func classify(err error) action {
@@ -155,6 +162,8 @@ func classify(err error) action {
 		return relist
 	case apierrors.IsNotFound(err), apierrors.IsMethodNotSupported(err):
 		return giveUp
+	case apierrors.IsBadRequest(err), apierrors.IsInvalid(err):
+		return reject
 	}
 	return retryWatch
 }
@@ -162,7 +171,7 @@ func classify(err error) action {
 // run lists, then watches; it returns only with a terminal error or when
 // ctx ends.
 func (s *Source) run(ctx context.Context) error {
-	var bo backoff
+	bo := newUpstreamBackoff()
 	rv := ""
 	needList := true
 	for ctx.Err() == nil {
@@ -173,23 +182,31 @@ func (s *Source) run(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return nil
 				}
-				if classify(err) == giveUp {
+				switch classify(err) {
+				case giveUp:
 					return fmt.Errorf("%w: %s is not served by the API server (%w)", ErrResourceRemoved, s.key, err)
+				case reject:
+					return fmt.Errorf("%w: %s: %w", ErrRejected, s.key, err)
 				}
 				s.setErr(err)
-				if bo.wait(ctx) != nil {
+				if bo.Wait(ctx) != nil {
 					return nil
 				}
 				continue
 			}
 			s.publishList(objs, listRV)
 			rv, needList = listRV, false
-			bo.reset()
+			bo.Reset()
 		}
 		s.hooks.upstreamWatches.Inc()
-		err := s.watch(ctx, rv, &rv)
+		delivered, err := s.watch(ctx, rv, &rv)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if delivered {
+			// A watch that worked ends the outage: the next error starts
+			// the backoff over, as the reflector's does.
+			bo.Reset()
 		}
 		switch classify(err) {
 		case relist:
@@ -198,11 +215,13 @@ func (s *Source) run(ctx context.Context) error {
 			needList = true
 		case giveUp:
 			return fmt.Errorf("%w: %s is no longer served by the API server; was its CustomResourceDefinition deleted? (%w)", ErrResourceRemoved, s.key, err)
+		case reject:
+			return fmt.Errorf("%w: %s: %w", ErrRejected, s.key, err)
 		default:
 			if err != nil {
 				s.log.Info("watch failed: retrying", "err", err)
 				s.setErr(err)
-				if bo.wait(ctx) != nil {
+				if bo.Wait(ctx) != nil {
 					return nil
 				}
 			}
@@ -211,18 +230,19 @@ func (s *Source) run(ctx context.Context) error {
 	return nil
 }
 
-// watch consumes one watch until it ends; *rv tracks the position. A clean
-// end (server timeout) returns nil.
+// watch consumes one watch until it ends; *rv tracks the position and
+// delivered reports whether it brought any event or bookmark. A clean end
+// (server timeout) returns a nil error.
 //
 // A watch that brings nothing (no event, no bookmark; the API server sends
 // a bookmark about every minute) for the idle timeout is abandoned, so that
 // a hung connection costs at most that long.
-func (s *Source) watch(ctx context.Context, from string, rv *string) error {
-	ctx, touch, idle, stop := idleContext(ctx, s.idleTimeout)
+func (s *Source) watch(ctx context.Context, from string, rv *string) (delivered bool, err error) {
+	ctx, touch, idle, stop := idleContext(ctx, s.cfg.idleTimeout)
 	defer stop()
 	w, err := s.up.watch(ctx, from)
 	if err != nil {
-		return idleErr(err, idle)
+		return false, idleErr(err, idle)
 	}
 	defer w.close()
 	s.setErr(nil) // the API server answers again: no longer stale
@@ -230,11 +250,12 @@ func (s *Source) watch(ctx context.Context, from string, rv *string) error {
 		t, obj, evRV, err := w.next()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				return nil
+				return delivered, nil
 			}
-			return idleErr(err, idle)
+			return delivered, idleErr(err, idle)
 		}
 		touch()
+		delivered = true
 		s.publishEvent(t, obj, evRV)
 		*rv = evRV
 	}
@@ -280,71 +301,117 @@ func (s *Source) setErr(err error) {
 	s.broadcastLocked()
 }
 
+// position parses an upstream resourceVersion for the log, noting one
+// that is not a number (the Source becomes opaque). s.mu must be held.
+func (s *Source) positionLocked(rv string) uint64 {
+	n, ok := parseRV(rv)
+	if !ok && rv != "" && !s.opaque {
+		s.opaque = true
+		s.log.Info("the API server sends resourceVersions that are not numbers: every resume of this informer is a snapshot", "resourceVersion", rv)
+	}
+	return n
+}
+
+// admitLocked reports whether o is within the size limit. A larger object
+// is refused, visibly: logged, counted, and named in the Source's status.
+func (s *Source) admitLocked(o *Object) bool {
+	if s.cfg.maxObjectBytes <= 0 || len(o.Data) <= s.cfg.maxObjectBytes {
+		return true
+	}
+	s.hooks.objectsRefused.Inc()
+	s.refused = fmt.Sprintf("refused %s/%s: %d bytes, over the limit of %d (-max-object-bytes)", o.Namespace, o.Name, len(o.Data), s.cfg.maxObjectBytes)
+	s.log.Warn("object too large: not served", "namespace", o.Namespace, "name", o.Name, "bytes", len(o.Data), "limit", s.cfg.maxObjectBytes)
+	return false
+}
+
 // publishList installs the result of a list. The first one becomes the
 // snapshot; later ones (relists) publish only the difference from the
-// store: Added for new objects, Modified for changed resourceVersions,
-// Deleted for vanished objects, then a Bookmark at the list's position.
+// store, as a watch would have told it: Added for new objects, Modified
+// for changed resourceVersions, Deleted then Added for an object deleted
+// and created again under its name (another UID), Deleted for vanished
+// objects, then a Bookmark at the list's position. Deletions carry the
+// list's resourceVersion, as the API server stamps a deleted object with
+// the resourceVersion of its deletion, so that no client's position ever
+// moves backwards.
 func (s *Source) publishList(objs []*Object, listRV string) {
-	rv, _ := parseRV(listRV)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	rv := s.positionLocked(listRV)
 	s.lastErr = nil
+	admitted := objs[:0:0]
+	for _, o := range objs {
+		if s.admitLocked(o) {
+			admitted = append(admitted, o)
+		}
+	}
 	if !s.synced {
-		s.events.reset(objs, rv, listRV)
+		s.events.reset(admitted, rv, listRV)
 		s.synced, s.state = true, StateSynced
-		s.hooks.objects.Add(float64(len(objs)))
+		s.hooks.objects.Add(float64(s.events.len()))
 		s.broadcastLocked()
 		return
 	}
 	s.state = StateSynced
-	before := len(s.events.store)
-	seen := make(map[string]struct{}, len(objs))
+	before := s.events.len()
+	type name struct{ ns, name string }
+	seen := make(map[name]struct{}, len(admitted))
 	changed := 0
 	// Every event but the last carries no position: a client that resumes
 	// mid-difference replays all of it.
-	for _, o := range objs {
-		k := o.key()
-		seen[k] = struct{}{}
-		if cur := s.events.store[k]; cur != nil && cur.ev.Object.ResourceVersion == o.ResourceVersion {
+	for _, o := range admitted {
+		seen[name{o.Namespace, o.Name}] = struct{}{}
+		cur := s.events.get(o.Namespace, o.Name)
+		if cur != nil && cur.ev.Object.ResourceVersion == o.ResourceVersion {
 			continue
+		}
+		if cur != nil && cur.ev.Object.UID != o.UID {
+			s.events.append(Deleted, cur.ev.Object.withResourceVersion(listRV), rv, "")
+			changed++
 		}
 		s.events.append(Modified, o, rv, "")
 		changed++
 	}
 	var gone []*Object
-	for k, st := range s.events.store {
-		if _, ok := seen[k]; !ok {
-			gone = append(gone, st.ev.Object)
+	s.events.objs.Ascend(func(it objItem) bool {
+		if _, ok := seen[name{it.ns, it.name}]; !ok {
+			gone = append(gone, it.st.ev.Object)
 		}
-	}
+		return true
+	})
 	for _, o := range gone {
-		s.events.append(Deleted, o, rv, "")
+		s.events.append(Deleted, o.withResourceVersion(listRV), rv, "")
 		changed++
 	}
 	s.events.bookmark(rv, listRV)
 	s.hooks.eventsIn.Add(float64(changed))
-	s.hooks.objects.Add(float64(len(s.events.store) - before))
+	s.hooks.objects.Add(float64(s.events.len() - before))
 	s.broadcastLocked()
 }
 
 func (s *Source) publishEvent(t EventType, obj *Object, rvStr string) {
-	rv, _ := parseRV(rvStr)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	rv := s.positionLocked(rvStr)
 	s.lastErr = nil
 	s.state = StateSynced
+	if obj != nil && t != Deleted && !s.admitLocked(obj) {
+		// Not served: a client must not keep an older state either.
+		cur := s.events.get(obj.Namespace, obj.Name)
+		if cur == nil {
+			s.events.bookmark(rv, rvStr)
+			s.broadcastLocked()
+			return
+		}
+		t, obj = Deleted, cur.ev.Object.withResourceVersion(rvStr)
+	}
+	before := s.events.len()
 	switch t {
 	case Bookmark:
 		s.events.bookmark(rv, rvStr)
-	case Added, Modified:
-		before := len(s.events.store)
+	case Added, Modified, Deleted:
 		s.events.append(t, obj, rv, rvStr)
-		s.hooks.objects.Add(float64(len(s.events.store) - before))
-	case Deleted:
-		if s.events.append(t, obj, rv, rvStr) != nil {
-			s.hooks.objects.Dec()
-		}
 	}
+	s.hooks.objects.Add(float64(s.events.len() - before))
 	s.hooks.eventsIn.Inc()
 	s.broadcastLocked()
 }
@@ -363,20 +430,26 @@ type Status struct {
 func (s *Source) status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	l := s.events
 	st := Status{
-		Key: s.key, State: s.state, Objects: len(s.events.store), LogEvents: len(s.events.entries) - s.events.start,
-		ResourceVersion: strconv.FormatUint(s.events.lastRV, 10),
+		Key: s.key, State: s.state, Objects: l.len(), LogEvents: len(l.entries) - l.start,
+		ResourceVersion: l.lastPos,
 	}
 	for sub := range s.subs {
-		if sub.cursor < s.events.lastSeq {
-			st.MaxLagEvents = max(st.MaxLagEvents, s.events.lastSeq-sub.cursor)
+		if sub.cursor.seq < l.last.seq {
+			st.MaxLagEvents = max(st.MaxLagEvents, l.last.seq-sub.cursor.seq)
 		}
 	}
+	var msgs []string
 	switch {
 	case s.terminal != nil:
-		st.Message = s.terminal.Error()
+		msgs = append(msgs, s.terminal.Error())
 	case s.lastErr != nil:
-		st.Message = s.lastErr.Error()
+		msgs = append(msgs, s.lastErr.Error())
 	}
+	if s.refused != "" {
+		msgs = append(msgs, s.refused)
+	}
+	st.Message = strings.Join(msgs, "; ")
 	return st
 }

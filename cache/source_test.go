@@ -29,6 +29,7 @@ func TestMain(m *testing.M) {
 type fakeUpstream struct {
 	lists   chan fakeList
 	watches chan chan fakeStep // each watch takes the next channel of steps
+	onWatch func()             // if set, called as each watch opens
 }
 
 type fakeList struct {
@@ -45,7 +46,7 @@ type fakeStep struct {
 }
 
 func newFakeUpstream() *fakeUpstream {
-	return &fakeUpstream{lists: make(chan fakeList, 4), watches: make(chan chan fakeStep, 4)}
+	return &fakeUpstream{lists: make(chan fakeList, 4), watches: make(chan chan fakeStep, 8)}
 }
 
 func (f *fakeUpstream) list(ctx context.Context) ([]*Object, string, error) {
@@ -60,6 +61,9 @@ func (f *fakeUpstream) list(ctx context.Context) ([]*Object, string, error) {
 func (f *fakeUpstream) watch(ctx context.Context, _ string) (watchStream, error) {
 	select {
 	case steps := <-f.watches:
+		if f.onWatch != nil {
+			f.onWatch()
+		}
 		return &fakeStream{ctx: ctx, steps: steps}, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -85,12 +89,16 @@ func (s *fakeStream) next() (EventType, *Object, string, error) {
 
 func (s *fakeStream) close() {}
 
+func testSourceConfig(limits LogLimits, idle time.Duration) sourceConfig {
+	return sourceConfig{limits: limits, idleTimeout: idle, log: slog.New(slog.DiscardHandler), metrics: newMetrics(nil)}
+}
+
 func startTestSource(t *testing.T, up upstream, limits LogLimits) *Source {
 	t.Helper()
 	if limits.MinAge == 0 {
 		limits.MinAge = -1
 	}
-	s := newSource(Key{}, up, limits, time.Hour, slog.New(slog.DiscardHandler), newMetrics(nil))
+	s := newSource(Key{}, up, testSourceConfig(limits, time.Hour))
 	s.start(context.Background())
 	t.Cleanup(s.stop)
 	return s
@@ -99,7 +107,7 @@ func startTestSource(t *testing.T, up upstream, limits LogLimits) *Source {
 func subscribe(t *testing.T, ctx context.Context, s *Source, f Filter, resume string) *Subscription {
 	t.Helper()
 	sub := &Subscription{src: s, filter: f, release: func() {}}
-	if err := sub.start(ctx, resume); err != nil {
+	if err := sub.start(ctx, resume, ""); err != nil {
 		t.Fatalf("subscribing: %v", err)
 	}
 	t.Cleanup(sub.Close)
@@ -120,32 +128,55 @@ func read(t *testing.T, ctx context.Context, sub *Subscription, n int) []string 
 	return describe(got)
 }
 
-func TestSourceRelistPublishesOnlyTheDifference(t *testing.T) {
+// TestRelistDifferenceIsWhatAWatchWouldSay (defect 9.5): a relist
+// publishes only the difference, as a watch would have: a deletion carries
+// the relist's resourceVersion in the object itself (a reflector takes its
+// position from it), and an object deleted and created again under its
+// name during the gap is a deletion then an addition.
+func TestRelistDifferenceIsWhatAWatchWouldSay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	withUID := func(o *Object, uid string) *Object { o.UID = uid; return o }
 	up := newFakeUpstream()
-	up.lists <- fakeList{objs: []*Object{obj("a", "1", nil), obj("b", "2", nil), obj("c", "3", nil)}, rv: "3"}
+	up.lists <- fakeList{objs: []*Object{obj("a", "1", nil), obj("b", "2", nil), obj("c", "3", nil), withUID(obj("e", "4", nil), "uid-1")}, rv: "4"}
 	w1 := make(chan fakeStep, 4)
 	up.watches <- w1
 	s := startTestSource(t, up, LogLimits{})
 	sub := subscribe(t, ctx, s, Filter{}, "")
 
-	got := read(t, ctx, sub, 4)
-	slices.Sort(got[:3])
-	if want := []string{"ADDED a@1", "ADDED b@2", "ADDED c@3", "SYNCED @3"}; !slices.Equal(got, want) {
+	got := read(t, ctx, sub, 5)
+	if want := []string{"ADDED a@1", "ADDED b@2", "ADDED c@3", "ADDED e@4", "SYNCED @4"}; !slices.Equal(got, want) {
 		t.Fatalf("snapshot = %v, want %v", got, want)
 	}
 
-	// The watch expires; the relist shows b changed, c gone, d new, a same.
+	// The watch expires; the relist shows b changed, c gone, d new, a the
+	// same, and e deleted and created again.
 	w1 <- fakeStep{err: &apierrors.StatusError{ErrStatus: metav1.Status{Code: http.StatusGone, Reason: metav1.StatusReasonExpired}}}
-	up.lists <- fakeList{objs: []*Object{obj("a", "1", nil), obj("b", "7", nil), obj("d", "8", nil)}, rv: "9"}
+	up.lists <- fakeList{objs: []*Object{obj("a", "1", nil), obj("b", "7", nil), obj("d", "8", nil), withUID(obj("e", "6", nil), "uid-2")}, rv: "9"}
 	up.watches <- make(chan fakeStep)
-	got = read(t, ctx, sub, 4)
-	slices.Sort(got[:2])
-	want := []string{"MODIFIED b@7", "ADDED d@8", "DELETED c@3", "BOOKMARK @9"}
-	slices.Sort(want[:2])
-	if !slices.Equal(got, want) {
+	var evs []*Event
+	for len(evs) < 6 {
+		next, err := sub.Next(ctx, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs = append(evs, next...)
+	}
+	want := []string{"MODIFIED b@7", "ADDED d@8", "DELETED e@9", "ADDED e@6", "DELETED c@9", "BOOKMARK @9"}
+	if got := describe(evs); !slices.Equal(got, want) {
 		t.Fatalf("after relist = %v, want %v", got, want)
+	}
+	for _, e := range evs {
+		if e.Type != Deleted {
+			continue
+		}
+		o, err := decodeObject(e.Object.Data, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.ResourceVersion != "9" {
+			t.Errorf("the deletion of %s carries resourceVersion %q in its object, want the relist's 9", o.Name, o.ResourceVersion)
+		}
 	}
 }
 
@@ -229,7 +260,7 @@ func TestSubscribeFailsWhileTheFirstListFails(t *testing.T) {
 	up.lists <- fakeList{err: apierrors.NewServiceUnavailable("etcd is down")}
 	s := startTestSource(t, up, LogLimits{})
 	sub := &Subscription{src: s, release: func() {}}
-	err := sub.start(context.Background(), "")
+	err := sub.start(context.Background(), "", "")
 	if !errors.Is(err, ErrNotSynced) || !apierrors.IsServiceUnavailable(err) {
 		t.Fatalf("start = %v, want ErrNotSynced wrapping the cause", err)
 	}
@@ -245,7 +276,7 @@ func TestSourceAbandonsIdleWatch(t *testing.T) {
 	defer cancel()
 	up := &fakeUpstream{lists: make(chan fakeList, 1), watches: make(chan chan fakeStep)}
 	up.lists <- fakeList{objs: []*Object{obj("a", "1", nil)}, rv: "1"}
-	s := newSource(Key{}, up, LogLimits{}, 50*time.Millisecond, slog.New(slog.DiscardHandler), newMetrics(nil))
+	s := newSource(Key{}, up, testSourceConfig(LogLimits{}, 50*time.Millisecond))
 	s.start(context.Background())
 	defer s.stop()
 	up.watches <- make(chan fakeStep) // a watch that brings nothing

@@ -1,140 +1,124 @@
 package cache
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"slices"
-	"strconv"
-	"strings"
 	"sync"
+	"time"
 
+	"github.com/google/btree"
 	"k8s.io/apimachinery/pkg/labels"
 )
 
 // Subscription is a cursor into one Source's log, seen through a Filter.
-// Next must be called from one goroutine at a time; Close may be called
-// from any goroutine, once or more.
+// Next must be called from one goroutine at a time; Get, List and Close
+// may be called from any goroutine, Close once or more.
 type Subscription struct {
 	src    *Source
 	filter Filter
-	// cursor is the seq of the last log event read; guarded by src.mu.
-	cursor uint64
-	// pending are materialized events (a snapshot or a catch-up) that are
-	// delivered before the log; owned by the reading goroutine.
-	pending   []*Event
+	// cursor is the log position of the last event read; guarded by
+	// src.mu.
+	cursor mark
+	// phase is a snapshot or a catch-up being read before the log; owned
+	// by the reading goroutine.
+	phase     phase
 	closeOnce sync.Once
 	release   func()
 }
 
+// phase is a read of a frozen copy of a Source's store or history, done
+// outside the Source's lock at the subscriber's pace: what a subscriber
+// reads before the log. read returns up to about max events for f and
+// reports when nothing is left; it visits at most scanChunk entries, so a
+// caller can check its context between calls.
+type phase interface {
+	read(f Filter, max int) (evs []*Event, done bool)
+}
+
+// scanChunk bounds the entries a phase visits per read.
+const scanChunk = 4096
+
+// freshnessWait bounds how long a subscriber that asks for a
+// resourceVersion the Source has not reached waits for it, as the API
+// server's watch cache does.
+const freshnessWait = 3 * time.Second
+
 // start positions the subscription: after resume (a resourceVersion) if
-// the log still holds it, else with a compacted catch-up, else with a Reset
-// and a snapshot. An empty resume starts with a snapshot. It waits until
-// the Source has synced.
-func (s *Subscription) start(ctx context.Context, resume string) error {
+// the log still holds it, else with a compacted catch-up, else with a
+// Reset and a snapshot. An empty resume starts with a snapshot. It waits
+// until the Source has synced and, bounded by freshnessWait, until it has
+// reached both resume and notOlderThan, so that a client never receives a
+// state older than one it has seen.
+func (s *Subscription) start(ctx context.Context, resume, notOlderThan string) error {
 	src := s.src
 	src.mu.Lock()
-	for !src.synced {
-		switch {
-		case src.terminal != nil:
-			err := src.terminal
-			src.mu.Unlock()
-			return err
-		case src.lastErr != nil:
-			err := src.lastErr
-			src.mu.Unlock()
-			return fmt.Errorf("%w: %s: %w", ErrNotSynced, src.key, err)
-		}
-		ch := src.notify
-		src.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-ch:
-		}
-		src.mu.Lock()
-	}
 	defer src.mu.Unlock()
+	if err := src.waitSyncedLocked(ctx); err != nil {
+		return err
+	}
+	resumeRV, numeric := parseRV(resume)
+	if err := src.waitFreshLocked(ctx, resumeRV, notOlderThan); err != nil {
+		return err
+	}
 	l := src.events
-	s.cursor = l.lastSeq
+	s.cursor = l.last
 	src.subs[s] = struct{}{}
-	if resume == "" {
-		s.pending = s.snapshotLocked(false)
-		return nil
+	switch {
+	case resume == "":
+		s.phase = newSnapshot(l, s.filter, false)
+	case !numeric || src.opaque:
+		// Not comparable: only a snapshot, which the client diffs, is safe.
+		s.phase = newSnapshot(l, s.filter, true)
+	default:
+		if at, ok := l.resumeAt(resumeRV); ok {
+			s.cursor = at
+		} else if from := atRV(resumeRV); l.canCatchUp(from) {
+			s.phase = newCatchUp(l, from)
+		} else {
+			s.phase = newSnapshot(l, s.filter, true)
+		}
 	}
-	rv, _ := parseRV(resume) // the daemon validated it
-	if rv == l.lastRV {
-		return nil
-	}
-	if seq, ok := l.seqForRV(rv); ok {
-		s.cursor = seq
-		return nil
-	}
-	if evs, ok := l.catchUp(rv, true); ok && rv < l.lastRV {
-		s.pending = s.catchUpLocked(evs)
-		return nil
-	}
-	s.pending = s.snapshotLocked(true)
 	return nil
 }
 
-// snapshotLocked returns the matching objects as Added events, then
-// Synced, preceded by Reset if reset.
-func (s *Subscription) snapshotLocked(reset bool) []*Event {
-	l := s.src.events
-	all := l.snapshot()
-	out := make([]*Event, 0, len(all)+2)
-	if reset {
-		out = append(out, &Event{Type: Reset})
-	}
-	for _, e := range all {
-		if e = s.filter.apply(e); e != nil {
-			out = append(out, e)
-		}
-	}
-	return append(out, &Event{Type: Synced, ResourceVersion: strconv.FormatUint(l.lastRV, 10)})
-}
-
-// catchUpLocked filters a compacted catch-up and ends it with a Bookmark
-// at the log's position.
-func (s *Subscription) catchUpLocked(evs []*Event) []*Event {
-	out := evs[:0]
-	for _, e := range evs {
-		if e = s.filter.applyCatchUp(e); e != nil {
-			out = append(out, e)
-		}
-	}
-	return append(out, &Event{Type: Bookmark, ResourceVersion: strconv.FormatUint(s.src.events.lastRV, 10)})
-}
-
-// Next blocks until at least one event is ready and returns up to max of
-// them, in order. After the Source ends it returns what is left and then
-// the Source's terminal error (wrapping ErrResourceRemoved or ErrStopped);
-// when ctx ends it returns ctx.Err(). The events are shared: do not modify
-// them.
+// Next blocks until at least one event is ready and returns up to about
+// max of them, in order. After the Source ends it returns what is left and
+// then the Source's terminal error (wrapping ErrResourceRemoved,
+// ErrRejected or ErrStopped); when ctx ends it returns ctx.Err(). The
+// events are shared: do not modify them.
+//
+// Snapshots and catch-ups are read from frozen copies of the store, and
+// every filter runs, outside the Source's lock: a subscriber never holds
+// the lock for work proportional to the store.
 func (s *Subscription) Next(ctx context.Context, max int) ([]*Event, error) {
 	src := s.src
 	for {
-		if len(s.pending) > 0 {
-			n := min(max, len(s.pending))
-			out := s.pending[:n:n]
-			s.pending = s.pending[n:]
-			if len(s.pending) == 0 {
-				s.pending = nil
+		if s.phase != nil {
+			evs, done := s.phase.read(s.filter, max)
+			if done {
+				s.phase = nil
 			}
-			return out, nil
+			if len(evs) > 0 {
+				return evs, nil
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		src.mu.Lock()
-		evs, last, ok := src.events.since(s.cursor, max)
+		l := src.events
+		evs, last, ok := l.since(s.cursor, max)
 		if !ok {
-			// Fell out of the log: catch up from the store.
-			s.src.hooks.catchUps.Inc()
-			if c, ok := src.events.catchUp(s.cursor, false); ok {
-				s.pending = s.catchUpLocked(c)
+			// Fell out of the log: catch up from the compacted history,
+			// or, past its horizon, start over.
+			src.hooks.catchUps.Inc()
+			if l.canCatchUp(s.cursor) {
+				s.phase = newCatchUp(l, s.cursor)
 			} else {
-				s.pending = s.snapshotLocked(true)
+				s.phase = newSnapshot(l, s.filter, true)
 			}
-			s.cursor = src.events.lastSeq
+			s.cursor = l.last
 			src.mu.Unlock()
 			continue
 		}
@@ -166,12 +150,139 @@ func (s *Subscription) Next(ctx context.Context, max int) ([]*Event, error) {
 	}
 }
 
+// snapshot reads a frozen copy of the store in key order: every object
+// the filter admits as Added, then Synced; a Reset first if reset.
+type snapshot struct {
+	objs  *btree.BTreeG[objItem]
+	next  objItem // the first entry not read yet
+	ns    string  // "" for every namespace
+	reset bool    // Reset not sent yet
+	pos   string  // the position Synced carries
+}
+
+func newSnapshot(l *eventLog, f Filter, reset bool) *snapshot {
+	return &snapshot{objs: l.frozenObjects(), next: objItem{ns: f.Namespace}, ns: f.Namespace, reset: reset, pos: l.lastPos}
+}
+
+func (r *snapshot) read(f Filter, max int) ([]*Event, bool) {
+	var evs []*Event
+	if r.reset {
+		evs, r.reset = append(evs, &Event{Type: Reset}), false
+	}
+	done, scanned := true, 0
+	r.objs.AscendGreaterOrEqual(r.next, func(it objItem) bool {
+		if r.ns != "" && it.ns != r.ns {
+			return false
+		}
+		if len(evs) >= max || scanned == scanChunk {
+			r.next, done = it, false
+			return false
+		}
+		scanned++
+		if o := it.st.ev.Object; f.matches(o.Namespace, o.Labels) {
+			evs = append(evs, it.st.ev.as(Added))
+		}
+		return true
+	})
+	if done {
+		r.objs = nil // let the frozen copy go
+		evs = append(evs, &Event{Type: Synced, ResourceVersion: r.pos})
+	}
+	return evs, done
+}
+
+// catchUp reads a frozen copy of the compacted history after a position
+// the subscriber has seen everything up to: the latest state of each
+// object changed since, and the deletions it needs, in the order they
+// happened, then a Bookmark at the end of the copy.
+type catchUp struct {
+	changes *btree.BTreeG[change]
+	from    mark // the subscriber has seen every change up to from
+	next    mark // the first change not read yet is at or after next
+	end     mark // the newest change the copy holds
+	pos     string
+}
+
+func newCatchUp(l *eventLog, from mark) *catchUp {
+	return &catchUp{changes: l.frozenHistory(), from: from, next: from.succ(), end: l.last, pos: l.lastPos}
+}
+
+func (r *catchUp) read(f Filter, max int) ([]*Event, bool) {
+	var evs []*Event
+	done, scanned := true, 0
+	r.changes.AscendGreaterOrEqual(change{at: r.next}, func(c change) bool {
+		if c.at.after(r.end) {
+			return false
+		}
+		if len(evs) >= max || scanned == scanChunk {
+			r.next, done = c.at, false
+			return false
+		}
+		scanned++
+		if e := f.catchUp(c, r.from); e != nil {
+			evs = append(evs, e)
+		}
+		return true
+	})
+	if done {
+		r.changes = nil
+		evs = append(evs, &Event{Type: Bookmark, ResourceVersion: r.pos})
+	}
+	return evs, done
+}
+
 // TypeMeta returns the apiVersion and kind of the subscription's resource,
 // for the objects that carry markers (as the API server's bookmarks do).
 func (s *Subscription) TypeMeta() (apiVersion, kind string) { return s.src.apiVersion, s.src.kind }
 
 // Key returns the Key of the Source the subscription reads.
 func (s *Subscription) Key() Key { return s.src.key }
+
+// Get returns the object namespace/name as the Source stores it now, if
+// its filter admits it. It does not move the cursor and is safe to call
+// from any goroutine while the subscription is open; it costs O(log n).
+func (s *Subscription) Get(namespace, name string) (*Object, bool) {
+	if s.filter.Namespace != "" && namespace != s.filter.Namespace {
+		return nil, false
+	}
+	s.src.mu.Lock()
+	st := s.src.events.get(namespace, name)
+	s.src.mu.Unlock()
+	if st == nil || !s.filter.matches(st.ev.Object.Namespace, st.ev.Object.Labels) {
+		return nil, false
+	}
+	return st.ev.Object, true
+}
+
+// List returns the objects the Source stores now in namespace ("" for
+// every namespace) that both its filter and sel (nil for everything)
+// admit, sorted by namespace and name. It does not move the cursor and is
+// safe to call from any goroutine while the subscription is open; it
+// reads a frozen copy outside the Source's lock, visiting only namespace
+// when one is given. The objects are shared: do not modify them.
+func (s *Subscription) List(namespace string, sel labels.Selector) []*Object {
+	if s.filter.Namespace != "" {
+		if namespace != "" && namespace != s.filter.Namespace {
+			return nil
+		}
+		namespace = s.filter.Namespace
+	}
+	s.src.mu.Lock()
+	objs := s.src.events.frozenObjects()
+	s.src.mu.Unlock()
+	f := Filter{Namespace: namespace, Labels: sel}
+	var out []*Object
+	objs.AscendGreaterOrEqual(objItem{ns: namespace}, func(it objItem) bool {
+		if namespace != "" && it.ns != namespace {
+			return false
+		}
+		if o := it.st.ev.Object; f.matches(o.Namespace, o.Labels) && s.filter.matches(o.Namespace, o.Labels) {
+			out = append(out, o)
+		}
+		return true
+	})
+	return out
+}
 
 // Close releases the subscription's hold on its Source. It is idempotent.
 func (s *Subscription) Close() {
@@ -183,44 +294,66 @@ func (s *Subscription) Close() {
 	})
 }
 
-// Get returns the object namespace/name as the Source stores it now, if
-// its filter admits it. It does not move the cursor and is safe to call
-// from any goroutine while the subscription is open.
-func (s *Subscription) Get(namespace, name string) (*Object, bool) {
-	if s.filter.Namespace != "" && namespace != s.filter.Namespace {
-		return nil, false
-	}
-	k := (&Object{Namespace: namespace, Name: name}).key()
-	s.src.mu.Lock()
-	st := s.src.events.store[k]
-	s.src.mu.Unlock()
-	if st == nil || !s.filter.matches(st.ev.Object.Namespace, st.ev.Object.Labels) {
-		return nil, false
-	}
-	return st.ev.Object, true
-}
-
-// List returns the objects the Source stores now in namespace ("" for
-// every namespace) that both its filter and sel (nil for everything)
-// admit, sorted by namespace and name. It does not move the cursor and is
-// safe to call from any goroutine while the subscription is open. The
-// objects are shared: do not modify them.
-func (s *Subscription) List(namespace string, sel labels.Selector) []*Object {
-	if s.filter.Namespace != "" && namespace != "" && namespace != s.filter.Namespace {
-		return nil
-	}
-	f := Filter{Namespace: namespace, Labels: sel}
-	s.src.mu.Lock()
-	var out []*Object
-	for _, st := range s.src.events.store {
-		o := st.ev.Object
-		if f.matches(o.Namespace, o.Labels) && s.filter.matches(o.Namespace, o.Labels) {
-			out = append(out, o)
+// waitSyncedLocked waits, with s.mu held (and released while it waits),
+// until the Source has synced. It fails at once with the terminal error,
+// or with ErrNotSynced wrapping the last upstream error while the first
+// list fails.
+func (s *Source) waitSyncedLocked(ctx context.Context) error {
+	for !s.synced {
+		switch {
+		case s.terminal != nil:
+			return s.terminal
+		case s.lastErr != nil:
+			return fmt.Errorf("%w: %s: %w", ErrNotSynced, s.key, s.lastErr)
+		}
+		if err := s.waitLocked(ctx, nil); err != nil {
+			return err
 		}
 	}
-	s.src.mu.Unlock()
-	slices.SortFunc(out, func(a, b *Object) int {
-		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
-	})
-	return out
+	return nil
+}
+
+// waitFreshLocked waits, with s.mu held (and released while it waits), up
+// to freshnessWait until the Source has reached resourceVersion rv and
+// notOlderThan (numeric resourceVersions only; others are opaque and not
+// waited for). It fails with ErrTooNew.
+func (s *Source) waitFreshLocked(ctx context.Context, rv uint64, notOlderThan string) error {
+	if n, ok := parseRV(notOlderThan); ok {
+		rv = max(rv, n)
+	}
+	if rv <= s.events.last.rv || s.opaque {
+		return nil
+	}
+	timeout := time.NewTimer(freshnessWait)
+	defer timeout.Stop()
+	for rv > s.events.last.rv {
+		if s.terminal != nil {
+			return s.terminal
+		}
+		if err := s.waitLocked(ctx, timeout.C); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			return fmt.Errorf("%w: %s has not reached resourceVersion %d within %s; it is at %d (retry)",
+				ErrTooNew, s.key, rv, freshnessWait, s.events.last.rv)
+		}
+	}
+	return nil
+}
+
+// waitLocked waits, with s.mu held and released meanwhile, until the
+// Source changes, ctx ends (ctx.Err()), or timeout fires
+// (context.DeadlineExceeded).
+func (s *Source) waitLocked(ctx context.Context, timeout <-chan time.Time) error {
+	ch := s.notify
+	s.mu.Unlock()
+	defer s.mu.Lock()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timeout:
+		return context.DeadlineExceeded
+	case <-ch:
+		return nil
+	}
 }

@@ -86,8 +86,19 @@ func (u *restUpstream) list(ctx context.Context) ([]*Object, string, error) {
 		if !errors.Is(err, errWatchListUnsupported) {
 			return objs, rv, err
 		}
-		u.watchList = false
+		// A LIST that works proves WatchList unsupported; one that fails
+		// alike says the request itself is wrong (a field selector).
+		objs, rv, err = u.listPages(ctx)
+		if err == nil {
+			u.watchList = false
+		}
+		return objs, rv, err
 	}
+	return u.listPages(ctx)
+}
+
+// listPages lists with paged LIST requests.
+func (u *restUpstream) listPages(ctx context.Context) ([]*Object, string, error) {
 	var objs []*Object
 	cont := ""
 	for {

@@ -1,0 +1,255 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+var testGVR = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+
+// staticMapper knows configmaps and counts discovery refreshes.
+type staticMapper struct {
+	meta.RESTMapper
+	resets atomic.Int32
+}
+
+func (m *staticMapper) Reset() { m.resets.Add(1) }
+
+func newStaticMapper() *staticMapper {
+	rm := meta.NewDefaultRESTMapper(nil)
+	rm.Add(schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}, meta.RESTScopeNamespace)
+	return &staticMapper{RESTMapper: rm}
+}
+
+// newTestManager returns a Manager whose Sources list nothing and then
+// watch quietly, with a count of the upstreams it made.
+func newTestManager(t *testing.T, opts Options) (*Manager, *staticMapper, *atomic.Int32) {
+	t.Helper()
+	opts.Scope = ScopeCluster
+	opts.Logger = slog.New(slog.DiscardHandler)
+	opts, err := opts.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := newStaticMapper()
+	var made atomic.Int32
+	m := newManager(opts, mapper, func(Key) upstream {
+		made.Add(1)
+		up := newFakeUpstream()
+		up.lists <- fakeList{rv: "1"}
+		return up
+	})
+	t.Cleanup(m.Close)
+	return m, mapper, &made
+}
+
+func (m *Manager) entryFor(t *testing.T, key Key) *entry {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sources[key]
+}
+
+func sub(t *testing.T, m *Manager, ns, holder, owner string) (*Subscription, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return m.Subscribe(ctx, Request{GVR: testGVR, Namespace: ns, FieldSelector: ns, Holder: holder, Owner: owner})
+}
+
+func mustSub(t *testing.T, m *Manager, ns, holder, owner string) *Subscription {
+	t.Helper()
+	s, err := sub(t, m, ns, holder, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestManagerRefCounts: subscriptions of one Key share one Source, counted
+// per holder; the last one to close leaves it lingering, and a new
+// subscription takes it back without a new upstream.
+func TestManagerRefCounts(t *testing.T) {
+	m, _, made := newTestManager(t, Options{LingerTTL: time.Hour})
+	a := mustSub(t, m, "", "a", "")
+	b := mustSub(t, m, "", "b", "")
+	c := mustSub(t, m, "", "b", "")
+	if a.src != b.src || b.src != c.src || made.Load() != 1 {
+		t.Fatalf("3 subscriptions of one key made %d upstreams", made.Load())
+	}
+	infos := m.Sources()
+	if len(infos) != 1 || infos[0].RefCount != 3 || !slices.Equal(infos[0].Holders, []string{"a", "b"}) {
+		t.Fatalf("Sources() = %+v, want one with 3 refs held by a and b", infos)
+	}
+	a.Close()
+	a.Close() // idempotent
+	b.Close()
+	c.Close()
+	if infos := m.Sources(); len(infos) != 1 || infos[0].RefCount != 0 || len(infos[0].Holders) != 0 {
+		t.Fatalf("after closing: %+v, want one lingering Source", infos)
+	}
+	d := mustSub(t, m, "", "d", "")
+	defer d.Close()
+	if d.src != a.src || made.Load() != 1 || d.src.stopped() {
+		t.Fatal("re-subscribing within the linger TTL did not reuse the lingering Source")
+	}
+}
+
+// TestManagerEvictionInterleavings: an eviction that races with a new
+// subscription, or with the Source lingering again, leaves it running; an
+// eviction of an unused Source stops it.
+func TestManagerEvictionInterleavings(t *testing.T) {
+	m, _, made := newTestManager(t, Options{LingerTTL: time.Hour})
+	key := Key{GVR: testGVR}
+	s1 := mustSub(t, m, "", "x", "")
+	e := m.entryFor(t, key)
+
+	// Re-acquired: the LRU evicts it just after a subscriber took it back.
+	m.onEvict(key, e)
+	m.wg.Wait()
+	if e.src.stopped() || m.entryFor(t, key) != e {
+		t.Fatal("an eviction stopped a Source that is in use")
+	}
+
+	// Lingering again before the eviction's goroutine ran.
+	s1.Close()
+	m.onEvict(key, e)
+	m.wg.Wait()
+	if e.src.stopped() {
+		t.Fatal("an eviction stopped a Source that lingers again")
+	}
+
+	// A real eviction: gone from the LRU and unused.
+	m.lru.Remove(key)
+	m.wg.Wait()
+	if !e.src.stopped() || m.entryFor(t, key) != nil {
+		t.Fatal("an evicted unused Source still runs")
+	}
+	s2 := mustSub(t, m, "", "x", "")
+	defer s2.Close()
+	if s2.src == e.src || made.Load() != 2 {
+		t.Fatal("a subscription after eviction did not start a new Source")
+	}
+}
+
+// TestManagerLingerTTLExpires: an unused Source stops after the linger
+// TTL (the LRU's own expiry, in real time).
+func TestManagerLingerTTLExpires(t *testing.T) {
+	m, _, _ := newTestManager(t, Options{LingerTTL: 50 * time.Millisecond})
+	s := mustSub(t, m, "", "x", "")
+	src := s.src
+	s.Close()
+	select {
+	case <-src.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lingering Source never stopped")
+	}
+	m.wg.Wait()
+	if len(m.Sources()) != 0 {
+		t.Fatalf("after expiry: %+v", m.Sources())
+	}
+}
+
+// TestManagerReplacesAStoppedSource: a Source that ended (its resource
+// was removed) is not lingered, and a new subscription gets a new one even
+// while old subscribers still drain the stopped one.
+func TestManagerReplacesAStoppedSource(t *testing.T) {
+	m, _, made := newTestManager(t, Options{LingerTTL: time.Hour})
+	old := mustSub(t, m, "", "x", "")
+	old.src.stop()
+	fresh := mustSub(t, m, "", "y", "")
+	defer fresh.Close()
+	if fresh.src == old.src || made.Load() != 2 {
+		t.Fatal("a new subscription was given the stopped Source")
+	}
+	old.Close() // releasing the replaced entry must not touch the new one
+	if e := m.entryFor(t, Key{GVR: testGVR}); e == nil || e.src != fresh.src || e.refs != 1 {
+		t.Fatalf("after the old holder left, the key maps to %+v", e)
+	}
+}
+
+// TestManagerMaxSources: at the limit, a new Source replaces the least
+// recently used lingering one; when none lingers the request fails with
+// ErrLimit and the running ones are untouched.
+func TestManagerMaxSources(t *testing.T) {
+	m, _, _ := newTestManager(t, Options{LingerTTL: time.Hour, MaxSources: 2})
+	a := mustSub(t, m, "a", "x", "")
+	b := mustSub(t, m, "b", "x", "")
+	a.Close() // lingers
+	c := mustSub(t, m, "c", "x", "")
+	defer c.Close()
+	defer b.Close()
+	m.wg.Wait()
+	if !a.src.stopped() || b.src.stopped() {
+		t.Fatal("the lingering Source was not the one stopped for a new one")
+	}
+	if _, err := sub(t, m, "d", "x", ""); !errors.Is(err, ErrLimit) {
+		t.Fatalf("a 3rd Source with 2 in use: %v, want ErrLimit", err)
+	}
+	if b.src.stopped() || c.src.stopped() {
+		t.Fatal("a refused request stopped a Source in use")
+	}
+}
+
+// TestManagerMaxSourcesPerOwner: one owner holds at most N distinct
+// Sources; sharing one it holds already is free, other owners are not
+// affected, and closing frees a slot.
+func TestManagerMaxSourcesPerOwner(t *testing.T) {
+	m, _, _ := newTestManager(t, Options{LingerTTL: time.Hour, MaxSourcesPerOwner: 2})
+	a := mustSub(t, m, "a", "x", "mallory")
+	b := mustSub(t, m, "b", "x", "mallory")
+	again := mustSub(t, m, "a", "x", "mallory") // a Source it holds already
+	defer again.Close()
+	defer b.Close()
+	if _, err := sub(t, m, "c", "x", "mallory"); !errors.Is(err, ErrLimit) {
+		t.Fatalf("a 3rd distinct Source for one owner: %v, want ErrLimit", err)
+	}
+	other := mustSub(t, m, "c", "x", "alice")
+	defer other.Close()
+	a.Close()
+	if _, err := sub(t, m, "c", "x", "mallory"); !errors.Is(err, ErrLimit) {
+		t.Fatal("closing one of two holds of a Source freed a slot")
+	}
+	again.Close()
+	d := mustSub(t, m, "c", "x", "mallory")
+	d.Close()
+}
+
+// TestDiscoveryRefreshIsRateLimited: a burst of requests for an unknown
+// resource rereads discovery once, not once per request.
+func TestDiscoveryRefreshIsRateLimited(t *testing.T) {
+	m, mapper, _ := newTestManager(t, Options{})
+	for range 50 {
+		_, err := m.Subscribe(t.Context(), Request{GVR: schema.GroupVersionResource{Version: "v1", Resource: "nonexistent"}})
+		if !errors.Is(err, ErrUnknownResource) {
+			t.Fatalf("unknown resource: %v", err)
+		}
+	}
+	if n := mapper.resets.Load(); n != 1 {
+		t.Fatalf("50 requests for an unknown resource reread discovery %d times, want 1", n)
+	}
+}
+
+// TestManagerCloseStopsSubscribers: Close stops every Source and its
+// subscribers read ErrStopped.
+func TestManagerCloseStopsSubscribers(t *testing.T) {
+	m, _, _ := newTestManager(t, Options{})
+	s := mustSub(t, m, "", "x", "")
+	defer s.Close()
+	read(t, t.Context(), s, 1) // SYNCED
+	m.Close()
+	if _, err := s.Next(t.Context(), 10); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Next after Close = %v, want ErrStopped", err)
+	}
+	if _, err := sub(t, m, "", "y", ""); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Subscribe after Close = %v, want ErrStopped", err)
+	}
+}
