@@ -6,11 +6,20 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"net"
 	"strings"
+	"syscall"
+	"time"
 
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
@@ -19,34 +28,71 @@ import (
 // DefaultSocket is where the daemon listens by default.
 const DefaultSocket = "/var/run/informerd/informerd.sock"
 
-// maxRecvMsgSize admits the largest batch the daemon sends: a batch is cut
-// at 1 MiB unless a single object is larger, and objects are at most about
-// 1.5 MiB in etcd.
-const maxRecvMsgSize = 16 << 20
-
 // Client is a connection to one informerd daemon. It is safe for
 // concurrent use.
 type Client struct {
-	conn *grpc.ClientConn
-	api  informerdv1.InformerServiceClient
+	conn   *grpc.ClientConn
+	api    informerdv1.InformerServiceClient
+	socket string // the Unix socket's path, if the target is one
+}
+
+// reconnect is how the connection is re-made after the daemon went away:
+// a node-local daemon is back within seconds of a restart, so retries stay
+// at most a second apart (gRPC's default backoff grows to 2 minutes).
+var reconnect = grpc.ConnectParams{
+	Backoff:           grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: 5 * time.Second,
 }
 
 // Dial connects to the daemon at target: a Unix socket path ("/run/x.sock"
 // or "unix:///run/x.sock") or a loopback "host:port". The connection is
-// made lazily and re-made as needed; opts are appended to the defaults.
+// made lazily and re-made as needed, within about a second of the daemon
+// being back; opts are appended to the defaults.
 func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 	if strings.HasPrefix(target, "/") {
 		target = "unix://" + target
 	}
 	defaults := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()), // local socket or loopback only
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgSize)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(informerdv1.MaxMessageBytes)),
+		grpc.WithConnectParams(reconnect),
 	}
 	conn, err := grpc.NewClient(target, append(defaults, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("informerd client: dialing %s: %w", target, err)
 	}
-	return &Client{conn: conn, api: informerdv1.NewInformerServiceClient(conn)}, nil
+	c := &Client{conn: conn, api: informerdv1.NewInformerServiceClient(conn)}
+	if path, ok := strings.CutPrefix(target, "unix://"); ok {
+		c.socket = path
+	}
+	return c, nil
+}
+
+// ErrSocketPermission: the caller may not open the daemon's Unix socket.
+// Retrying cannot help: Watchers stop with it.
+var ErrSocketPermission = errors.New("permission denied on informerd's socket")
+
+// explain returns err with what is wrong with the daemon's Unix socket
+// when that is why the daemon is unreachable: a socket the caller may not
+// open wraps ErrSocketPermission; a missing one, or one nothing serves, is
+// named, so that retries are not silent about it.
+func (c *Client) explain(err error) error {
+	if c.socket == "" || status.Code(err) != codes.Unavailable {
+		return err
+	}
+	conn, derr := net.DialTimeout("unix", c.socket, time.Second)
+	switch {
+	case derr == nil:
+		conn.Close()
+		return err
+	case errors.Is(derr, fs.ErrPermission):
+		return fmt.Errorf("%w %s: run as a user or group that may write to it (%w)", ErrSocketPermission, c.socket, derr)
+	case errors.Is(derr, fs.ErrNotExist):
+		return fmt.Errorf("informerd's socket %s does not exist: is informerd running on this node, and is its directory mounted here? (%w)", c.socket, err)
+	case errors.Is(derr, syscall.ECONNREFUSED):
+		return fmt.Errorf("nothing serves on informerd's socket %s: the daemon is restarting or down (%w)", c.socket, err)
+	}
+	return err
 }
 
 // Close closes the connection; watches on it end.
@@ -76,9 +122,20 @@ type WatchOptions struct {
 	// Protobuf receives built-in types in the API server's protobuf
 	// encoding (custom resources still come as JSON): the daemon watches
 	// the API server in protobuf for them, and objects decode faster.
-	// NewListerWatcher then returns typed objects (client-go's scheme) for
-	// built-in types, for typed informers.
+	// NewListerWatcher then returns typed objects (client-go's scheme, or
+	// Scheme) for built-in types, for typed informers.
 	Protobuf bool
+	// Scheme, if set, makes NewListerWatcher return typed objects for
+	// every kind it knows (custom resources included), and Unstructured
+	// for the others. Default: client-go's scheme when Protobuf is set,
+	// else Unstructured for everything.
+	Scheme *runtime.Scheme
+	// NotOlderThan, a resourceVersion, makes the daemon start the stream
+	// only from an informer that has reached it (it waits a few seconds,
+	// then fails with UNAVAILABLE): a client that has seen a state never
+	// receives an older one. The Watcher and the adapters set it
+	// themselves.
+	NotOlderThan string
 }
 
 func (o WatchOptions) request(resume string) *informerdv1.WatchRequest {
@@ -94,15 +151,16 @@ func (o WatchOptions) request(resume string) *informerdv1.WatchRequest {
 		Resource: &informerdv1.GroupVersionResource{
 			Group: o.Resource.Group, Version: o.Resource.Version, Resource: o.Resource.Resource,
 		},
-		Namespace:             o.Namespace,
-		LabelSelector:         o.LabelSelector,
-		FieldSelector:         o.FieldSelector,
-		View:                  view,
-		ResumeResourceVersion: resume,
-		ClientName:            o.ClientName,
-		WaitForResource:       o.WaitForResource,
-		Kind:                  o.Kind,
-		Encoding:              encoding,
+		Namespace:                   o.Namespace,
+		LabelSelector:               o.LabelSelector,
+		FieldSelector:               o.FieldSelector,
+		View:                        view,
+		ResumeResourceVersion:       resume,
+		ClientName:                  o.ClientName,
+		WaitForResource:             o.WaitForResource,
+		Kind:                        o.Kind,
+		Encoding:                    encoding,
+		NotOlderThanResourceVersion: o.NotOlderThan,
 	}
 }
 

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/status"
+
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -11,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
 // NewDynamicClient returns a dynamic.Interface whose List, Watch and Get
@@ -20,9 +25,8 @@ import (
 //
 // List and Watch selectors become the daemon subscription's selectors (a
 // field selector is evaluated by the API server, in a Source of its own).
-// Get reads the daemon's snapshot of the namespace and picks the object by
-// name: it costs O(objects in the namespace), so prefer an informer's
-// lister for repeated reads.
+// Get reads one object from the daemon's store (its informer of the
+// resource keeps running, lingering, for a while after).
 func NewDynamicClient(c *Client, clientName string, writer dynamic.Interface) dynamic.Interface {
 	return &dynamicClient{c: c, name: clientName, writer: writer}
 }
@@ -74,20 +78,38 @@ func (r *dynamicResource) Watch(ctx context.Context, o metav1.ListOptions) (watc
 	return lw.WatchWithContext(ctx, o)
 }
 
-func (r *dynamicResource) Get(ctx context.Context, name string, _ metav1.GetOptions, subresources ...string) (*unstructured.Unstructured, error) {
+// Get reads one object from the daemon's store (the Get RPC), in O(log n).
+// A GetOptions.ResourceVersion other than "" and "0" is a NotOlderThan.
+func (r *dynamicResource) Get(ctx context.Context, name string, o metav1.GetOptions, subresources ...string) (*unstructured.Unstructured, error) {
 	if len(subresources) > 0 {
 		return nil, apierrors.NewMethodNotSupported(r.gvr.GroupResource(), "get of subresource "+subresources[0]+" through informerd")
 	}
-	list, err := r.List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, err
+	req := &informerdv1.GetRequest{
+		Resource:  &informerdv1.GroupVersionResource{Group: r.gvr.Group, Version: r.gvr.Version, Resource: r.gvr.Resource},
+		Namespace: r.namespace, Name: name, ClientName: r.d.name,
 	}
-	for i := range list.Items {
-		if list.Items[i].GetName() == name {
-			return &list.Items[i], nil
+	if o.ResourceVersion != "0" {
+		req.NotOlderThanResourceVersion = o.ResourceVersion
+	}
+	resp, err := r.d.c.api.Get(ctx, req)
+	if objectNotFound(err) {
+		return nil, apierrors.NewNotFound(r.gvr.GroupResource(), name)
+	}
+	if err != nil {
+		return nil, toAPIError(r.d.c.explain(err))
+	}
+	return decode(resp.GetObject(), "")
+}
+
+// objectNotFound reports whether err is the daemon saying that an object
+// does not exist, as opposed to its resource.
+func objectNotFound(err error) bool {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == informerdv1.ErrorDomain && info.GetReason() == informerdv1.ReasonObjectNotFound {
+			return true
 		}
 	}
-	return nil, apierrors.NewNotFound(r.gvr.GroupResource(), name)
+	return false
 }
 
 // w returns the writer for the verb, or an error saying there is none.

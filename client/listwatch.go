@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -15,7 +16,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/cache"
 
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
@@ -23,35 +26,31 @@ import (
 
 // NewListerWatcher returns a client-go ListerWatcher served by the daemon,
 // so that cache.NewSharedIndexInformer works unchanged: with
-// &unstructured.Unstructured{} as the object type, or, if opts.Protobuf is
-// set, with the built-in type (for example &corev1.Pod{}), whose objects
-// are then decoded with client-go's scheme. The Namespace, selectors and
-// view of opts apply; the ListOptions' selectors must be empty (put them in
-// opts).
+// &unstructured.Unstructured{} as the object type, or, with opts.Scheme
+// (or opts.Protobuf, for client-go's scheme), with the Go types the scheme
+// knows (for example &corev1.Pod{}, or a custom resource's type). The
+// Namespace, selectors and view of opts apply; selectors may also come in
+// the ListOptions (an informer factory's tweakListOptions), and then must
+// agree with those of opts.
 //
 // It implements client-go's WatchList semantics: a Watch with
 // SendInitialEvents streams the daemon's snapshot as ADDED events and ends
-// it with the initial-events-end bookmark. A RESET (the resume point left
-// the daemon's log) surfaces as 410 Expired, on which the reflector
-// relists.
+// it with the initial-events-end bookmark, not older than the requested
+// resourceVersion (resourceVersionMatch NotOlderThan). A RESET (the resume
+// point left the daemon's log) surfaces as 410 Expired, on which the
+// reflector relists. No List or Watch ever starts from a state older than
+// one this ListerWatcher has delivered.
 func NewListerWatcher(c *Client, opts WatchOptions) ListerWatcher { return newListWatch(c, opts) }
 
 func newListWatch(c *Client, opts WatchOptions) *listWatch {
-	lw := &listWatch{c: c, opts: opts, decode: func(b []byte) (runtime.Object, error) { return decode(b) }}
-	if opts.Protobuf {
-		lw.decode = decodeTypedOrUnstructured
+	lw := &listWatch{c: c, opts: opts}
+	switch {
+	case opts.Scheme != nil:
+		lw.decoder = serializer.NewCodecFactory(opts.Scheme).UniversalDeserializer()
+	case opts.Protobuf:
+		lw.decoder = scheme.Codecs.UniversalDeserializer()
 	}
 	return lw
-}
-
-// decodeTypedOrUnstructured decodes built-in types (protobuf, or the JSON
-// of a marker) into their Go types, and custom resources into Unstructured.
-func decodeTypedOrUnstructured(b []byte) (runtime.Object, error) {
-	obj, err := decodeTyped(b)
-	if err != nil && !isProtobuf(b) {
-		return decode(b)
-	}
-	return obj, err
 }
 
 // ListerWatcher is what NewListerWatcher returns: client-go's ListerWatcher
@@ -62,12 +61,43 @@ type ListerWatcher interface {
 }
 
 type listWatch struct {
-	c      *Client
-	opts   WatchOptions
-	decode func([]byte) (runtime.Object, error)
+	c       *Client
+	opts    WatchOptions
+	decoder runtime.Decoder // nil: Unstructured for everything
+
+	mu   sync.Mutex // guards seen
+	seen uint64     // the newest numeric resourceVersion delivered
 }
 
 var _ ListerWatcher = (*listWatch)(nil)
+
+// decode decodes an object into the scheme's type for its kind, or into
+// Unstructured when there is no scheme or it does not know the kind (JSON
+// only: protobuf needs the type).
+func (lw *listWatch) decode(b []byte, rv string) (runtime.Object, error) {
+	if lw.decoder == nil {
+		return decode(b, rv)
+	}
+	obj, err := decodeWith(lw.decoder, b)
+	switch {
+	case err == nil:
+		return obj, nil
+	case runtime.IsNotRegisteredError(err) && !isProtobuf(b):
+		return decode(b, rv)
+	}
+	return nil, decodeError(b, rv, err)
+}
+
+// see notes a resourceVersion delivered.
+func (lw *listWatch) see(rv string) {
+	n, err := strconv.ParseUint(rv, 10, 64)
+	if err != nil {
+		return
+	}
+	lw.mu.Lock()
+	lw.seen = max(lw.seen, n)
+	lw.mu.Unlock()
+}
 
 // List is ListWithContext without a context, for client-go's older
 // constructors; client-go calls the context forms when they exist.
@@ -80,38 +110,68 @@ func (lw *listWatch) Watch(o metav1.ListOptions) (watch.Interface, error) {
 	return lw.WatchWithContext(context.Background(), o)
 }
 
-func (lw *listWatch) checkSelectors(o metav1.ListOptions) error {
-	if o.LabelSelector != "" || o.FieldSelector != "" {
-		return apierrors.NewBadRequest("informerd ListerWatcher: set selectors in client.WatchOptions, not in ListOptions")
+// options returns the WatchOptions of a request: lw's, with the selectors
+// of o and a NotOlderThan that is never older than what lw delivered, nor
+// than o's resourceVersion when o asks for NotOlderThan.
+func (lw *listWatch) options(o metav1.ListOptions) (WatchOptions, error) {
+	opts := lw.opts
+	for _, sel := range []struct {
+		name         string
+		mine, theirs string
+		set          *string
+	}{
+		{"label", opts.LabelSelector, o.LabelSelector, &opts.LabelSelector},
+		{"field", opts.FieldSelector, o.FieldSelector, &opts.FieldSelector},
+	} {
+		if sel.theirs == "" {
+			continue
+		}
+		if sel.mine != "" && sel.mine != sel.theirs {
+			return opts, apierrors.NewBadRequest(fmt.Sprintf("informerd ListerWatcher: %s selector %q in ListOptions differs from %q in client.WatchOptions: set it in one place", sel.name, sel.theirs, sel.mine))
+		}
+		*sel.set = sel.theirs
 	}
-	return nil
+	lw.mu.Lock()
+	min := lw.seen
+	lw.mu.Unlock()
+	if o.ResourceVersionMatch == metav1.ResourceVersionMatchNotOlderThan {
+		if n, err := strconv.ParseUint(o.ResourceVersion, 10, 64); err == nil {
+			min = max(min, n)
+		}
+	}
+	if min > 0 {
+		opts.NotOlderThan = strconv.FormatUint(min, 10)
+	}
+	return opts, nil
 }
 
 // ListWithContext reads one snapshot.
 func (lw *listWatch) ListWithContext(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-	if err := lw.checkSelectors(o); err != nil {
+	opts, err := lw.options(o)
+	if err != nil {
 		return nil, err
 	}
-	s, err := lw.c.Stream(ctx, lw.opts, "")
+	s, err := lw.c.Stream(ctx, opts, "")
 	if err != nil {
-		return nil, toAPIError(err)
+		return nil, toAPIError(lw.c.explain(err))
 	}
 	defer s.Close()
 	var objs []runtime.Object
 	for {
 		evs, err := s.Recv()
 		if err != nil {
-			return nil, toAPIError(err)
+			return nil, toAPIError(lw.c.explain(err))
 		}
 		for _, ev := range evs {
 			switch ev.GetType() {
 			case informerdv1.EventType_EVENT_TYPE_ADDED:
-				obj, err := lw.decode(ev.GetObject())
+				obj, err := lw.decode(ev.GetObject(), ev.GetResourceVersion())
 				if err != nil {
 					return nil, err
 				}
 				objs = append(objs, obj)
 			case informerdv1.EventType_EVENT_TYPE_SYNCED:
+				lw.see(ev.GetResourceVersion())
 				return lw.list(objs, ev.GetResourceVersion()), nil
 			}
 		}
@@ -121,7 +181,7 @@ func (lw *listWatch) ListWithContext(ctx context.Context, o metav1.ListOptions) 
 // list returns an UnstructuredList of objs, or, for typed objects, a
 // metav1.List (meta.ExtractList reads both).
 func (lw *listWatch) list(objs []runtime.Object, rv string) runtime.Object {
-	if !lw.opts.Protobuf {
+	if lw.decoder == nil {
 		l := &unstructured.UnstructuredList{Items: make([]unstructured.Unstructured, len(objs))}
 		for i, o := range objs {
 			l.Items[i] = *o.(*unstructured.Unstructured)
@@ -141,7 +201,8 @@ func (lw *listWatch) list(objs []runtime.Object, rv string) runtime.Object {
 // events when o.SendInitialEvents is set (WatchList) or the version is ""
 // or "0".
 func (lw *listWatch) WatchWithContext(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-	if err := lw.checkSelectors(o); err != nil {
+	opts, err := lw.options(o)
+	if err != nil {
 		return nil, err
 	}
 	resume := o.ResourceVersion
@@ -149,25 +210,25 @@ func (lw *listWatch) WatchWithContext(ctx context.Context, o metav1.ListOptions)
 	if watchList || resume == "0" {
 		resume = ""
 	}
-	s, err := lw.c.Stream(ctx, lw.opts, resume)
+	s, err := lw.c.Stream(ctx, opts, resume)
 	if err != nil {
-		return nil, toAPIError(err)
+		return nil, toAPIError(lw.c.explain(err))
 	}
-	w := &streamWatch{s: s, out: make(chan watch.Event), done: make(chan struct{}),
-		bookmarks: o.AllowWatchBookmarks, watchList: watchList, decode: lw.decode}
+	w := &streamWatch{lw: lw, s: s, out: make(chan watch.Event), done: make(chan struct{}),
+		bookmarks: o.AllowWatchBookmarks, watchList: watchList}
 	go w.run() // ends when the stream ends or Stop cancels it
 	return w, nil
 }
 
 // streamWatch adapts a Stream to watch.Interface.
 type streamWatch struct {
+	lw        *listWatch
 	s         *Stream
 	out       chan watch.Event
 	done      chan struct{}
 	stopOnce  sync.Once
 	bookmarks bool
 	watchList bool
-	decode    func([]byte) (runtime.Object, error)
 }
 
 func (w *streamWatch) Stop() {
@@ -194,7 +255,7 @@ func (w *streamWatch) run() {
 		evs, err := w.s.Recv()
 		if err != nil {
 			var st apierrors.APIStatus
-			if !errors.Is(err, io.EOF) && terminal(err) && errors.As(toAPIError(err), &st) {
+			if err = w.lw.c.explain(err); !errors.Is(err, io.EOF) && terminal(err) && errors.As(toAPIError(err), &st) {
 				s := st.Status()
 				w.send(watch.Event{Type: watch.Error, Object: &s})
 			}
@@ -222,11 +283,13 @@ func (w *streamWatch) deliver(ev *informerdv1.Event) bool {
 		if !w.bookmarks || ev.GetResourceVersion() == "" {
 			return true
 		}
+		w.lw.see(ev.GetResourceVersion())
 		return w.send(watch.Event{Type: watch.Bookmark, Object: w.bookmark(ev, false)})
 	case informerdv1.EventType_EVENT_TYPE_SYNCED:
 		if !w.watchList {
 			return true // a plain watch from "" sends the initial state as ADDED only
 		}
+		w.lw.see(ev.GetResourceVersion())
 		return w.send(watch.Event{Type: watch.Bookmark, Object: w.bookmark(ev, true)})
 	case informerdv1.EventType_EVENT_TYPE_RESET:
 		st := apierrors.NewResourceExpired("informerd: the resume point left the daemon's event log; relist").ErrStatus
@@ -235,19 +298,20 @@ func (w *streamWatch) deliver(ev *informerdv1.Event) bool {
 	default:
 		return true
 	}
-	obj, err := w.decode(ev.GetObject())
+	obj, err := w.lw.decode(ev.GetObject(), ev.GetResourceVersion())
 	if err != nil {
 		st := apierrors.NewInternalError(err).ErrStatus
 		w.send(watch.Event{Type: watch.Error, Object: &st})
 		return false
 	}
+	w.lw.see(ev.GetResourceVersion()) // before the receiver can act on it
 	return w.send(watch.Event{Type: t, Object: obj})
 }
 
 // bookmark returns the object of a BOOKMARK or SYNCED event: the daemon
 // sends one of the resource's kind (the reflector checks the type).
 func (w *streamWatch) bookmark(ev *informerdv1.Event, initialEventsEnd bool) runtime.Object {
-	b, err := w.decode(ev.GetObject())
+	b, err := w.lw.decode(ev.GetObject(), ev.GetResourceVersion())
 	if err != nil {
 		b = &unstructured.Unstructured{Object: map[string]any{}}
 	}

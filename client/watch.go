@@ -3,66 +3,25 @@ package client
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
-	"math/rand/v2"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/scheme"
+	toolscache "k8s.io/client-go/tools/cache"
 
+	"github.com/informerd/informerd/internal/backoff"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
-
-// Handler receives the changes a Watch sees. Calls are sequential, in the
-// order the API server made the changes. Objects handed to a handler are
-// never modified by the library afterwards; handlers must not modify them
-// either (the store keeps them).
-type Handler interface {
-	OnAdd(obj *unstructured.Unstructured)
-	OnUpdate(oldObj, newObj *unstructured.Unstructured)
-	OnDelete(obj *unstructured.Unstructured)
-	// OnSynced is called once, after the first snapshot has been handed to
-	// OnAdd: from then on the store holds everything that exists.
-	OnSynced()
-}
-
-// HandlerFuncs adapts functions to a Handler; nil functions are skipped.
-type HandlerFuncs struct {
-	AddFunc    func(obj *unstructured.Unstructured)
-	UpdateFunc func(oldObj, newObj *unstructured.Unstructured)
-	DeleteFunc func(obj *unstructured.Unstructured)
-	SyncedFunc func()
-}
-
-var _ Handler = HandlerFuncs{}
-
-func (h HandlerFuncs) OnAdd(obj *unstructured.Unstructured) {
-	if h.AddFunc != nil {
-		h.AddFunc(obj)
-	}
-}
-
-func (h HandlerFuncs) OnUpdate(oldObj, newObj *unstructured.Unstructured) {
-	if h.UpdateFunc != nil {
-		h.UpdateFunc(oldObj, newObj)
-	}
-}
-
-func (h HandlerFuncs) OnDelete(obj *unstructured.Unstructured) {
-	if h.DeleteFunc != nil {
-		h.DeleteFunc(obj)
-	}
-}
-
-func (h HandlerFuncs) OnSynced() {
-	if h.SyncedFunc != nil {
-		h.SyncedFunc()
-	}
-}
 
 // Backoff bounds the jittered exponential backoff between reconnects.
 type Backoff struct {
@@ -72,45 +31,103 @@ type Backoff struct {
 	Max time.Duration
 }
 
-// Watcher is a resilient watch: it reconnects with jittered backoff,
-// resumes from the last resourceVersion it delivered, and keeps a local
-// store so that a snapshot after a RESET or a daemon restart is turned into
-// the real changes only. Create it with NewWatcher; Run it once.
+// WatcherOptions configure a Watcher. Zero values take the defaults.
+type WatcherOptions struct {
+	// Backoff between reconnects.
+	Backoff Backoff
+	// Indexers are added to the store's namespace index.
+	Indexers toolscache.Indexers
+	// OnError, if set, is called with every error that ends a stream
+	// before the Watcher reconnects; a terminal one is returned by Run
+	// instead. Errors about the daemon's Unix socket say what is wrong
+	// with it.
+	OnError func(error)
+}
+
+// Watcher is a resilient watch with a client-go store: it reconnects with
+// jittered backoff, resumes from the last resourceVersion it delivered,
+// never accepts a state older than one it has seen, and turns a fresh
+// snapshot (after a RESET or a daemon restart) into the real changes
+// only. Its store is a client-go Indexer of *unstructured.Unstructured,
+// readable at any time; its handler follows client-go's
+// ResourceEventHandler contract. Create it with NewWatcher; Run it once.
 type Watcher struct {
-	c       *Client
-	opts    WatchOptions
-	h       Handler
-	backoff Backoff
+	c     *Client
+	opts  WatchOptions
+	h     toolscache.ResourceEventHandler
+	o     WatcherOptions
+	store toolscache.Indexer // safe for concurrent use
 
 	// Owned by Run's goroutine:
-	store  map[string]*unstructured.Unstructured
 	resume string // "" until the first snapshot completes
-	synced bool   // OnSynced was called
+	seen   uint64 // the newest numeric resourceVersion received
 
-	// OnError, if set before Run, is called with every error that ends a
-	// stream before Run reconnects (a terminal one is returned instead).
-	OnError func(error)
-
-	resets atomic.Int64
+	syncedOnce sync.Once
+	synced     chan struct{}
+	resets     atomic.Int64
 }
+
+// SyncedHandler is implemented by handlers that want to know when the
+// first snapshot has been handed to them: a Watcher calls OnSynced once,
+// on the goroutine that calls the handler, right after it.
+type SyncedHandler interface {
+	OnSynced()
+}
+
+// NewWatcher returns a Watcher of opts that calls h (and h.OnSynced, if h
+// is a SyncedHandler).
+func NewWatcher(c *Client, opts WatchOptions, h toolscache.ResourceEventHandler, o WatcherOptions) *Watcher {
+	if o.Backoff.Initial <= 0 {
+		o.Backoff.Initial = 100 * time.Millisecond
+	}
+	if o.Backoff.Max <= 0 {
+		o.Backoff.Max = 10 * time.Second
+	}
+	indexers := toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc}
+	for k, f := range o.Indexers {
+		indexers[k] = f
+	}
+	return &Watcher{
+		c: c, opts: opts, h: h, o: o,
+		store:  toolscache.NewIndexer(toolscache.DeletionHandlingMetaNamespaceKeyFunc, indexers),
+		synced: make(chan struct{}),
+	}
+}
+
+// Indexer returns the Watcher's store: every object the watch holds, as
+// *unstructured.Unstructured, keyed namespace/name. Do not modify it or
+// its objects.
+func (w *Watcher) Indexer() toolscache.Indexer { return w.store }
+
+// Lister returns a lister over the store.
+func (w *Watcher) Lister() toolscache.GenericLister {
+	return toolscache.NewGenericLister(w.store, w.opts.Resource.GroupResource())
+}
+
+// HasSynced reports whether the first snapshot is in the store and has
+// been handed to the handler.
+func (w *Watcher) HasSynced() bool {
+	select {
+	case <-w.synced:
+		return true
+	default:
+		return false
+	}
+}
+
+// Synced is closed when HasSynced becomes true.
+func (w *Watcher) Synced() <-chan struct{} { return w.synced }
 
 // Resets returns how many RESETs the Watcher has received: how often it
 // had to diff a fresh snapshot against its store. Safe to call at any time.
 func (w *Watcher) Resets() int64 { return w.resets.Load() }
 
-// NewWatcher returns a Watcher of opts that calls h.
-func NewWatcher(c *Client, opts WatchOptions, h Handler, b Backoff) *Watcher {
-	if b.Initial <= 0 {
-		b.Initial = 100 * time.Millisecond
-	}
-	if b.Max <= 0 {
-		b.Max = 10 * time.Second
-	}
-	return &Watcher{c: c, opts: opts, h: h, backoff: b, store: map[string]*unstructured.Unstructured{}}
-}
-
 // terminal reports whether a stream error means retrying cannot help.
 func terminal(err error) bool {
+	var de *DecodeError
+	if errors.As(err, &de) || errors.Is(err, ErrSocketPermission) {
+		return true
+	}
 	switch status.Code(err) {
 	case codes.InvalidArgument, codes.NotFound, codes.PermissionDenied, codes.Unauthenticated,
 		codes.Unimplemented, codes.FailedPrecondition:
@@ -119,39 +136,39 @@ func terminal(err error) bool {
 	return false
 }
 
-// Run watches until ctx ends (returning nil) or the daemon answers with an
-// error that retrying cannot fix (returned as the gRPC status error).
+// Run watches until ctx ends (returning nil) or the watch fails in a way
+// that retrying cannot fix: a gRPC status error from the daemon, a
+// DecodeError, or ErrSocketPermission.
 func (w *Watcher) Run(ctx context.Context) error {
-	delay := w.backoff.Initial
+	bo := backoff.Backoff{Initial: w.o.Backoff.Initial, Max: w.o.Backoff.Max}
 	for ctx.Err() == nil {
 		progressed, err := w.runOnce(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if terminal(err) {
+		if err = w.c.explain(err); terminal(err) {
 			return err
 		}
-		if w.OnError != nil {
-			w.OnError(err)
+		if w.o.OnError != nil {
+			w.o.OnError(err)
 		}
 		if progressed {
-			delay = w.backoff.Initial
+			bo.Reset()
 		}
-		t := time.NewTimer(delay/2 + rand.N(delay/2+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if bo.Wait(ctx) != nil {
 			return nil
-		case <-t.C:
 		}
-		delay = min(2*delay, w.backoff.Max)
 	}
 	return nil
 }
 
 // runOnce runs one stream; progressed reports whether it delivered events.
 func (w *Watcher) runOnce(ctx context.Context) (progressed bool, err error) {
-	s, err := w.c.Stream(ctx, w.opts, w.resume)
+	opts := w.opts
+	if w.seen > 0 {
+		opts.NotOlderThan = strconv.FormatUint(w.seen, 10)
+	}
+	s, err := w.c.Stream(ctx, opts, w.resume)
 	if err != nil {
 		return false, err
 	}
@@ -170,9 +187,16 @@ func (w *Watcher) runOnce(ctx context.Context) (progressed bool, err error) {
 		progressed = true
 		for _, ev := range evs {
 			if snap, err = w.apply(ev, snap); err != nil {
-				return progressed, status.Error(codes.Internal, err.Error())
+				return progressed, err
 			}
 		}
+	}
+}
+
+// see notes a resourceVersion received.
+func (w *Watcher) see(rv string) {
+	if n, err := strconv.ParseUint(rv, 10, 64); err == nil && n > w.seen {
+		w.seen = n
 	}
 }
 
@@ -187,18 +211,22 @@ func (w *Watcher) apply(ev *informerdv1.Event, snap map[string]*unstructured.Uns
 			w.replace(snap)
 		}
 		w.resume = ev.GetResourceVersion()
-		if !w.synced {
-			w.synced = true
-			w.h.OnSynced()
-		}
+		w.see(w.resume)
+		w.syncedOnce.Do(func() {
+			close(w.synced)
+			if sh, ok := w.h.(SyncedHandler); ok {
+				sh.OnSynced()
+			}
+		})
 		return nil, nil
 	case informerdv1.EventType_EVENT_TYPE_BOOKMARK:
 		if snap == nil && ev.GetResourceVersion() != "" {
 			w.resume = ev.GetResourceVersion()
+			w.see(w.resume)
 		}
 		return snap, nil
 	}
-	obj, err := decode(ev.GetObject())
+	obj, err := decode(ev.GetObject(), ev.GetResourceVersion())
 	if err != nil {
 		return snap, err
 	}
@@ -213,25 +241,30 @@ func (w *Watcher) apply(ev *informerdv1.Event, snap map[string]*unstructured.Uns
 	case informerdv1.EventType_EVENT_TYPE_ADDED, informerdv1.EventType_EVENT_TYPE_MODIFIED:
 		w.upsert(k, obj)
 	case informerdv1.EventType_EVENT_TYPE_DELETED:
-		if _, ok := w.store[k]; ok {
-			delete(w.store, k)
+		if _, ok, _ := w.store.GetByKey(k); ok {
+			_ = w.store.Delete(obj) // keyed by namespace/name: cannot fail
 			w.h.OnDelete(obj)
 		}
 	}
 	if rv := ev.GetResourceVersion(); rv != "" {
 		w.resume = rv
+		w.see(rv)
 	}
 	return nil, nil
 }
 
 // replace makes snap the store, handing only the differences to the
-// handler: deletions first, then additions and updates.
+// handler: deletions first (as DeletedFinalStateUnknown, since the final
+// state was not seen), then additions and updates. The adds of the first
+// snapshot are the initial list.
 func (w *Watcher) replace(snap map[string]*unstructured.Unstructured) {
-	for k, old := range w.store {
-		if _, ok := snap[k]; !ok {
-			delete(w.store, k)
-			w.h.OnDelete(old)
+	for _, k := range w.store.ListKeys() {
+		if _, ok := snap[k]; ok {
+			continue
 		}
+		old, _, _ := w.store.GetByKey(k)
+		_ = w.store.Delete(old)
+		w.h.OnDelete(toolscache.DeletedFinalStateUnknown{Key: k, Obj: old})
 	}
 	for k, obj := range snap {
 		w.upsert(k, obj)
@@ -239,30 +272,81 @@ func (w *Watcher) replace(snap map[string]*unstructured.Unstructured) {
 }
 
 // upsert stores obj and tells the handler, unless the store already has
-// that resourceVersion (a duplicate).
+// that resourceVersion (a duplicate) or a newer one.
 func (w *Watcher) upsert(k string, obj *unstructured.Unstructured) {
-	old := w.store[k]
-	switch {
-	case old == nil:
-		w.store[k] = obj
-		w.h.OnAdd(obj)
-	case old.GetResourceVersion() != obj.GetResourceVersion():
-		w.store[k] = obj
-		w.h.OnUpdate(old, obj)
+	item, ok, _ := w.store.GetByKey(k)
+	if !ok {
+		_ = w.store.Add(obj)
+		w.h.OnAdd(obj, !w.HasSynced())
+		return
 	}
+	old := item.(*unstructured.Unstructured)
+	if !newer(obj.GetResourceVersion(), old.GetResourceVersion()) {
+		return
+	}
+	_ = w.store.Update(obj)
+	w.h.OnUpdate(old, obj)
+}
+
+// newer reports whether resourceVersion a is a change after b: different,
+// and, when both are numbers, larger.
+func newer(a, b string) bool {
+	if a == b {
+		return false
+	}
+	x, errA := strconv.ParseUint(a, 10, 64)
+	y, errB := strconv.ParseUint(b, 10, 64)
+	return errA != nil || errB != nil || x > y
+}
+
+// DecodeError says an object the daemon sent cannot be decoded. Retrying
+// cannot help: a Watcher stops with it, naming the object.
+type DecodeError struct {
+	// APIVersion, Kind, Namespace and Name, as far as they could be read.
+	APIVersion, Kind, Namespace, Name string
+	// ResourceVersion is the event's position.
+	ResourceVersion string
+	Err             error
+}
+
+func (e *DecodeError) Error() string {
+	return fmt.Sprintf("informerd client: cannot decode %s %s/%s (apiVersion %q) at resourceVersion %q: %v; "+
+		"a type the scheme does not know must be added to WatchOptions.Scheme, or watched without WatchOptions.Protobuf",
+		e.Kind, e.Namespace, e.Name, e.APIVersion, e.ResourceVersion, e.Err)
+}
+
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+// decodeError returns a DecodeError for b, reading what it can of its type
+// and metadata.
+func decodeError(b []byte, rv string, err error) *DecodeError {
+	de := &DecodeError{ResourceVersion: rv, Err: err}
+	var pom metav1.PartialObjectMetadata
+	if isProtobuf(b) {
+		var u runtime.Unknown
+		if u.Unmarshal(b[len(protobufMagic):]) == nil {
+			de.APIVersion, de.Kind = u.APIVersion, u.Kind
+			_ = pom.Unmarshal(u.Raw) // every built-in type's field 1 is its ObjectMeta
+		}
+	} else if json.Unmarshal(b, &pom) == nil {
+		de.APIVersion, de.Kind = pom.APIVersion, pom.Kind
+	}
+	de.Namespace, de.Name = pom.Namespace, pom.Name
+	return de
 }
 
 // decode decodes an object from the daemon into Unstructured: JSON
-// directly, protobuf through client-go's scheme.
-func decode(b []byte) (*unstructured.Unstructured, error) {
+// directly, protobuf through client-go's scheme. rv is the event's
+// position, for errors.
+func decode(b []byte, rv string) (*unstructured.Unstructured, error) {
 	if isProtobuf(b) {
-		typed, err := decodeTyped(b)
+		typed, err := decodeWith(scheme.Codecs.UniversalDeserializer(), b)
 		if err != nil {
-			return nil, err
+			return nil, decodeError(b, rv, err)
 		}
 		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(typed)
 		if err != nil {
-			return nil, fmt.Errorf("decoding object from informerd: %w", err)
+			return nil, decodeError(b, rv, err)
 		}
 		u := &unstructured.Unstructured{Object: m}
 		u.SetGroupVersionKind(typed.GetObjectKind().GroupVersionKind())
@@ -270,7 +354,7 @@ func decode(b []byte) (*unstructured.Unstructured, error) {
 	}
 	obj := &unstructured.Unstructured{}
 	if err := obj.UnmarshalJSON(b); err != nil {
-		return nil, fmt.Errorf("decoding object from informerd: %w", err)
+		return nil, decodeError(b, rv, err)
 	}
 	return obj, nil
 }
@@ -280,12 +364,12 @@ var protobufMagic = []byte("k8s\x00")
 
 func isProtobuf(b []byte) bool { return bytes.HasPrefix(b, protobufMagic) }
 
-// decodeTyped decodes a built-in type, in protobuf or JSON, with
-// client-go's scheme, keeping its apiVersion and kind.
-func decodeTyped(b []byte) (runtime.Object, error) {
-	obj, gvk, err := scheme.Codecs.UniversalDeserializer().Decode(b, nil, nil)
+// decodeWith decodes b with a scheme's deserializer, keeping its
+// apiVersion and kind.
+func decodeWith(d runtime.Decoder, b []byte) (runtime.Object, error) {
+	obj, gvk, err := d.Decode(b, nil, nil)
 	if err != nil {
-		return nil, fmt.Errorf("decoding object from informerd: %w", err)
+		return nil, err
 	}
 	obj.GetObjectKind().SetGroupVersionKind(*gvk)
 	return obj, nil

@@ -1,30 +1,48 @@
 package client
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
-// logHandler is a Handler that records calls as "VERB name@rv".
+// logHandler is a ResourceEventHandler that records calls as
+// "VERB name@rv", initial adds as "ADD* name@rv", and deletions of a final
+// state not seen as "DELETE? name@rv".
 type logHandler struct{ calls []string }
 
-func (h *logHandler) OnAdd(o *unstructured.Unstructured) {
-	h.calls = append(h.calls, "ADD "+o.GetName()+"@"+o.GetResourceVersion())
+func (h *logHandler) OnAdd(obj any, initial bool) {
+	o := obj.(*unstructured.Unstructured)
+	verb := "ADD "
+	if initial {
+		verb = "ADD* "
+	}
+	h.calls = append(h.calls, verb+o.GetName()+"@"+o.GetResourceVersion())
 }
 
-func (h *logHandler) OnUpdate(old, o *unstructured.Unstructured) {
+func (h *logHandler) OnUpdate(oldObj, obj any) {
+	old, o := oldObj.(*unstructured.Unstructured), obj.(*unstructured.Unstructured)
 	h.calls = append(h.calls, "UPDATE "+o.GetName()+"@"+old.GetResourceVersion()+"->"+o.GetResourceVersion())
 }
 
-func (h *logHandler) OnDelete(o *unstructured.Unstructured) {
-	h.calls = append(h.calls, "DELETE "+o.GetName()+"@"+o.GetResourceVersion())
+func (h *logHandler) OnDelete(obj any) {
+	verb := "DELETE "
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		verb, obj = "DELETE? ", d.Obj
+	}
+	o := obj.(*unstructured.Unstructured)
+	h.calls = append(h.calls, verb+o.GetName()+"@"+o.GetResourceVersion())
 }
 
 func (h *logHandler) OnSynced() { h.calls = append(h.calls, "SYNCED") }
@@ -56,21 +74,21 @@ func TestWatcherApply(t *testing.T) {
 		{
 			name:       "snapshot then changes",
 			events:     []*informerdv1.Event{ev(added, "a", "1"), ev(added, "b", "2"), ev(synced, "", "2"), ev(modified, "a", "3"), ev(deleted, "b", "4")},
-			want:       []string{"ADD a@1", "ADD b@2", "SYNCED", "UPDATE a@1->3", "DELETE b@4"},
+			want:       []string{"ADD* a@1", "ADD* b@2", "SYNCED", "UPDATE a@1->3", "DELETE b@4"},
 			wantResume: "4",
 		},
 		{
 			name: "duplicates and unknown deletes are dropped",
 			events: []*informerdv1.Event{ev(added, "a", "1"), ev(synced, "", "1"),
 				ev(added, "a", "1"), ev(modified, "a", "1"), ev(deleted, "zz", "2"), ev(bookmarkT, "", "5")},
-			want:       []string{"ADD a@1", "SYNCED"},
+			want:       []string{"ADD* a@1", "SYNCED"},
 			wantResume: "5",
 		},
 		{
 			name: "reset hands over only the net change",
 			events: []*informerdv1.Event{ev(added, "a", "1"), ev(added, "b", "1"), ev(added, "c", "1"), ev(synced, "", "1"),
 				ev(reset, "", ""), ev(added, "a", "1"), ev(added, "b", "7"), ev(added, "d", "8"), ev(synced, "", "9")},
-			want:       []string{"ADD a@1", "ADD b@1", "ADD c@1", "SYNCED", "DELETE c@1", "UPDATE b@1->7", "ADD d@8"},
+			want:       []string{"ADD* a@1", "ADD* b@1", "ADD* c@1", "SYNCED", "DELETE? c@1", "UPDATE b@1->7", "ADD d@8"},
 			wantResume: "9",
 		},
 		{
@@ -79,11 +97,20 @@ func TestWatcherApply(t *testing.T) {
 			want:       []string{"SYNCED", "ADD a@", "ADD b@"},
 			wantResume: "3",
 		},
+		{
+			// Defect 9.6: a snapshot that is older for an object (from
+			// another informer) never moves the handler back.
+			name: "never back in time",
+			events: []*informerdv1.Event{ev(added, "a", "5"), ev(synced, "", "5"),
+				ev(reset, "", ""), ev(added, "a", "3"), ev(synced, "", "5"), ev(modified, "a", "4"), ev(modified, "a", "6")},
+			want:       []string{"ADD* a@5", "SYNCED", "UPDATE a@5->6"},
+			wantResume: "6",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := &logHandler{}
-			w := NewWatcher(nil, WatchOptions{}, h, Backoff{})
+			w := NewWatcher(nil, WatchOptions{}, h, WatcherOptions{})
 			snap := map[string]*unstructured.Unstructured{} // a first stream starts with a snapshot
 			for _, e := range tt.events {
 				var err error
@@ -139,7 +166,7 @@ func FuzzWatcherApply(f *testing.F) {
 			return
 		}
 		h := &logHandler{}
-		w := NewWatcher(nil, WatchOptions{}, h, Backoff{})
+		w := NewWatcher(nil, WatchOptions{}, h, WatcherOptions{})
 		var snap map[string]*unstructured.Unstructured
 		for _, e := range resp.GetEvents() {
 			var err error
@@ -147,8 +174,36 @@ func FuzzWatcherApply(f *testing.F) {
 				return
 			}
 		}
-		if len(w.store) > len(h.calls) {
-			t.Fatalf("store holds %d objects after %d handler calls", len(w.store), len(h.calls))
+		if n := len(w.store.ListKeys()); n > len(h.calls) {
+			t.Fatalf("store holds %d objects after %d handler calls", n, len(h.calls))
 		}
 	})
+}
+
+// TestUndecodableObjectIsTerminal (defect 9.8): an object the client
+// cannot decode (a protobuf type its scheme does not know) stops the
+// Watcher with a DecodeError naming the object and what to do, instead
+// of a reconnect at the same position forever.
+func TestUndecodableObjectIsTerminal(t *testing.T) {
+	var u runtime.Unknown
+	u.APIVersion, u.Kind = "example.com/v1", "Widget"
+	u.Raw = protowire.AppendTag(nil, 1, protowire.BytesType) // ObjectMeta: name 1, namespace 3
+	meta := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "w1")
+	meta = protowire.AppendString(protowire.AppendTag(meta, 3, protowire.BytesType), "ns")
+	u.Raw = protowire.AppendBytes(u.Raw, meta)
+	raw, err := u.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewWatcher(nil, WatchOptions{}, &logHandler{}, WatcherOptions{})
+	_, err = w.apply(&informerdv1.Event{Type: added, Object: append([]byte("k8s\x00"), raw...), ResourceVersion: "7"}, nil)
+	var de *DecodeError
+	if !errors.As(err, &de) || !terminal(err) {
+		t.Fatalf("apply = %v, want a terminal DecodeError", err)
+	}
+	for _, want := range []string{"Widget", "ns/w1", "example.com/v1", `"7"`, "WatchOptions.Scheme"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %s", err, want)
+		}
+	}
 }

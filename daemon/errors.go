@@ -4,14 +4,20 @@ import (
 	"context"
 	"errors"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/informerd/informerd/cache"
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
-// errShuttingDown ends streams when the daemon stops.
-var errShuttingDown = errors.New("informerd is shutting down: reconnect to its replacement")
+var (
+	// errShuttingDown ends streams when the daemon stops.
+	errShuttingDown = errors.New("informerd is shutting down: reconnect to its replacement")
+	// errWriteTimeout ends a stream whose client stopped reading.
+	errWriteTimeout = errors.New("the client read nothing for the stream write timeout: the stream was ended; reconnect and resume from the last resource_version received")
+)
 
 // toStatus maps an error to the gRPC status a client sees. It is the only
 // place that does; errors that already carry a status keep it.
@@ -21,14 +27,26 @@ func toStatus(err error) error {
 	}
 	code := codes.Internal
 	switch {
-	case errors.Is(err, cache.ErrUnknownResource), errors.Is(err, cache.ErrResourceRemoved):
+	case errors.Is(err, cache.ErrUnknownResource), errors.Is(err, cache.ErrResourceRemoved), errors.Is(err, cache.ErrObjectNotFound):
 		code = codes.NotFound
-	case errors.Is(err, cache.ErrNotSynced), errors.Is(err, cache.ErrStopped), errors.Is(err, errShuttingDown):
+	case errors.Is(err, cache.ErrRejected):
+		code = codes.InvalidArgument
+	case errors.Is(err, cache.ErrLimit):
+		code = codes.ResourceExhausted
+	case errors.Is(err, cache.ErrNotSynced), errors.Is(err, cache.ErrStopped), errors.Is(err, cache.ErrTooNew),
+		errors.Is(err, errShuttingDown), errors.Is(err, errWriteTimeout):
 		code = codes.Unavailable
 	case errors.Is(err, context.Canceled):
 		code = codes.Canceled
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	}
-	return status.Error(code, err.Error())
+	st := status.New(code, err.Error())
+	if errors.Is(err, cache.ErrObjectNotFound) {
+		// Tells "no such object" from "no such resource".
+		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Domain: informerdv1.ErrorDomain, Reason: informerdv1.ReasonObjectNotFound}); derr == nil {
+			st = d
+		}
+	}
+	return st.Err()
 }

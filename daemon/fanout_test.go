@@ -105,6 +105,12 @@ func serve(t testing.TB, api *fakeAPIServer) string {
 }
 
 func serveManager(t testing.TB, api *fakeAPIServer) (string, *cache.Manager) {
+	return serveWith(t, api, daemon.Options{})
+}
+
+// serveWith is serveManager with the daemon's options (Cache and Logger
+// are set here).
+func serveWith(t testing.TB, api *fakeAPIServer, opts daemon.Options) (string, *cache.Manager) {
 	mgr, err := cache.NewManager(cache.Options{
 		Config: &rest.Config{Host: api.URL, QPS: -1}, Scope: cache.ScopeCluster, DisableWatchList: true,
 		Logger: slog.New(slog.DiscardHandler),
@@ -112,7 +118,8 @@ func serveManager(t testing.TB, api *fakeAPIServer) (string, *cache.Manager) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := daemon.New(daemon.Options{Cache: mgr, Logger: slog.New(slog.DiscardHandler)})
+	opts.Cache, opts.Logger = mgr, slog.New(slog.DiscardHandler)
+	srv, err := daemon.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -28,6 +29,11 @@ type Options struct {
 	// MaxBatchBytes bounds the encoded size of one WatchResponse, except
 	// that a single larger event is sent alone. Default 1 MiB.
 	MaxBatchBytes int
+	// WriteTimeout ends a stream whose client has not read a batch for
+	// this long (HTTP/2 flow control stops the daemon's writes), with
+	// UNAVAILABLE: a live client resumes where it was, and a stuck one
+	// holds nothing of the daemon's beyond it. Default 1m.
+	WriteTimeout time.Duration
 	// Logger. Default slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the metrics. Default: none are registered.
@@ -60,6 +66,9 @@ func New(opts Options) (*Server, error) {
 	if opts.MaxBatchBytes <= 0 {
 		opts.MaxBatchBytes = 1 << 20
 	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = time.Minute
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -80,7 +89,8 @@ func ServerOptions() []grpc.ServerOption {
 func (s *Server) Shutdown() { s.cancelShutdown() }
 
 // Watch implements the Watch RPC: validate, subscribe, then send batches
-// until the client leaves, the Source ends, or the daemon shuts down.
+// until the client leaves or stops reading, the Source ends, or the
+// daemon shuts down.
 func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.InformerService_WatchServer) error {
 	creq, view, err := validateWatch(req)
 	if err != nil {
@@ -102,6 +112,8 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 	defer s.metrics.streams.Dec()
 	log := s.log.With("client", creq.Holder, "informer", sub.Key().String())
 	log.Debug("stream started", "resume", creq.Resume)
+	out := startSender(stream, s.opts.WriteTimeout)
+	defer out.close()
 
 	var pending []*cache.Event // fetched but not yet sent: the tail of a batch cut by size
 	for {
@@ -121,11 +133,79 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 			}
 			batch, size, pending, n = append(batch, f.bufs...), size+f.size, pending[1:], n+1
 		}
-		if err := stream.SendMsg(batch); err != nil {
+		if err := out.send(ctx, batch); err != nil {
+			if errors.Is(err, errWriteTimeout) {
+				log.Info("client stopped reading: stream ended", "timeout", s.opts.WriteTimeout)
+			}
 			return s.endStream(ctx, err)
 		}
 		s.metrics.eventsOut.Add(float64(n))
 		s.metrics.bytesOut.Add(float64(size))
+	}
+}
+
+// sender owns a stream's SendMsg, in a goroutine of its own, so that the
+// handler notices a client that stops reading: HTTP/2 flow control then
+// blocks SendMsg, and a batch not taken within the write timeout ends the
+// stream. It holds at most the one batch it is sending.
+type sender struct {
+	stream  grpc.ServerStream
+	timeout time.Duration
+	batches chan frames // unbuffered: taken when the previous send is done
+	failed  chan error  // the send error that ended the goroutine
+	done    chan struct{}
+	stuck   bool // a send timed out
+}
+
+func startSender(stream grpc.ServerStream, timeout time.Duration) *sender {
+	s := &sender{stream: stream, timeout: timeout, batches: make(chan frames), failed: make(chan error, 1), done: make(chan struct{})}
+	go s.loop()
+	return s
+}
+
+func (s *sender) loop() {
+	defer close(s.done)
+	for b := range s.batches {
+		if err := s.stream.SendMsg(b); err != nil {
+			s.failed <- err
+			return
+		}
+	}
+}
+
+// send hands b to the sending goroutine once it has sent the previous
+// batch. It fails with errWriteTimeout when that takes longer than the
+// write timeout, with the error of a failed send, or with ctx's.
+func (s *sender) send(ctx context.Context, b frames) error {
+	t := time.NewTimer(s.timeout)
+	defer t.Stop()
+	select {
+	case s.batches <- b:
+		return nil
+	case err := <-s.failed:
+		return err
+	case <-t.C:
+		s.stuck = true
+		return errWriteTimeout
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// close ends the goroutine after its current send, waiting up to the write
+// timeout for it (not at all if a send timed out), so that a stream's last
+// batch goes out before its status. Returning from the handler ends a
+// send still blocked: gRPC cancels the stream.
+func (s *sender) close() {
+	close(s.batches)
+	if s.stuck {
+		return
+	}
+	t := time.NewTimer(s.timeout)
+	defer t.Stop()
+	select {
+	case <-s.done:
+	case <-t.C:
 	}
 }
 
@@ -190,6 +270,27 @@ func encodingOf(k cache.Key) informerdv1.Encoding {
 		return informerdv1.Encoding_ENCODING_PROTOBUF
 	}
 	return informerdv1.Encoding_ENCODING_JSON
+}
+
+// Get implements the Get RPC: one object from the store of the informer
+// that serves its resource.
+func (s *Server) Get(ctx context.Context, req *informerdv1.GetRequest) (*informerdv1.GetResponse, error) {
+	creq, name, view, err := validateGet(req)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.shutdown, cancel)()
+	o, err := s.opts.Cache.Get(ctx, creq, name)
+	if err != nil {
+		return nil, s.endStream(ctx, err)
+	}
+	data, err := view.Project(o)
+	if err != nil {
+		data = o.Data // as encodeEvent: the API server sent these bytes
+	}
+	return &informerdv1.GetResponse{Object: data}, nil
 }
 
 // ListInformers implements the introspection RPC.

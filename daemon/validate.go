@@ -1,11 +1,11 @@
 package daemon
 
 import (
-	"strconv"
 	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/api/validation/path"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -18,13 +18,20 @@ import (
 // maxClientName bounds WatchRequest.client_name.
 const maxClientName = 128
 
-// validateWatch turns a WatchRequest into a cache.Request, or returns an
-// INVALID_ARGUMENT status naming the field and what is wrong with it.
-func validateWatch(req *informerdv1.WatchRequest) (cache.Request, cache.View, error) {
-	invalid := func(format string, args ...any) (cache.Request, cache.View, error) {
-		return cache.Request{}, 0, status.Errorf(codes.InvalidArgument, format, args...)
-	}
-	r, kind := req.GetResource(), req.GetKind()
+// maxName bounds GetRequest.name: Kubernetes names are at most 253 bytes.
+const maxName = 253
+
+// maxResourceVersion bounds resourceVersions a client sends: etcd's are
+// at most 20 digits; aggregated APIs may use other strings.
+const maxResourceVersion = 256
+
+// invalid returns an INVALID_ARGUMENT status.
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, format, args...)
+}
+
+// validateResource checks how a request names its resource and namespace.
+func validateResource(r *informerdv1.GroupVersionResource, kind, namespace string) error {
 	switch {
 	case kind != "" && r.GetResource() != "":
 		return invalid("kind %q and resource.resource %q are both set: name the resource one way", kind, r.GetResource())
@@ -49,10 +56,62 @@ func validateWatch(req *informerdv1.WatchRequest) (cache.Request, cache.View, er
 			return invalid("resource.version %q: %s", v, errs[0])
 		}
 	}
-	if ns := req.GetNamespace(); ns != "" {
-		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-			return invalid("namespace %q: %s", ns, errs[0])
+	if namespace != "" {
+		if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
+			return invalid("namespace %q: %s", namespace, errs[0])
 		}
+	}
+	return nil
+}
+
+// validateFormat reads a request's view and encoding.
+func validateFormat(v informerdv1.View, e informerdv1.Encoding) (view cache.View, protobuf bool, err error) {
+	switch v {
+	case informerdv1.View_VIEW_UNSPECIFIED, informerdv1.View_VIEW_FULL:
+		view = cache.ViewFull
+	case informerdv1.View_VIEW_METADATA:
+		view = cache.ViewMetadata
+	default:
+		return 0, false, invalid("view %d is not a known View", v)
+	}
+	switch e {
+	case informerdv1.Encoding_ENCODING_UNSPECIFIED, informerdv1.Encoding_ENCODING_JSON:
+	case informerdv1.Encoding_ENCODING_PROTOBUF:
+		protobuf = true
+	default:
+		return 0, false, invalid("encoding %d is not a known Encoding", e)
+	}
+	return view, protobuf, nil
+}
+
+// validateResourceVersion checks a resourceVersion a client sends.
+func validateResourceVersion(field, rv string) error {
+	if len(rv) > maxResourceVersion {
+		return invalid("%s is %d bytes long, at most %d are allowed: send a resource_version the daemon sent", field, len(rv), maxResourceVersion)
+	}
+	return nil
+}
+
+// holderName checks a request's client_name.
+func holderName(name string) (string, error) {
+	if len(name) > maxClientName {
+		return "", invalid("client_name is %d bytes long, at most %d are allowed", len(name), maxClientName)
+	}
+	if name == "" {
+		name = "unnamed"
+	}
+	return name, nil
+}
+
+// validateWatch turns a WatchRequest into a cache.Request, or returns an
+// INVALID_ARGUMENT status naming the field and what is wrong with it.
+func validateWatch(req *informerdv1.WatchRequest) (cache.Request, cache.View, error) {
+	r, kind := req.GetResource(), req.GetKind()
+	if err := validateResource(r, kind, req.GetNamespace()); err != nil {
+		return cache.Request{}, 0, err
+	}
+	invalid := func(format string, args ...any) (cache.Request, cache.View, error) {
+		return cache.Request{}, 0, invalid(format, args...)
 	}
 	sel, err := labels.Parse(req.GetLabelSelector())
 	if err != nil {
@@ -62,34 +121,19 @@ func validateWatch(req *informerdv1.WatchRequest) (cache.Request, cache.View, er
 	if err != nil {
 		return invalid("field_selector %q: %v", req.GetFieldSelector(), err)
 	}
-	if rv := req.GetResumeResourceVersion(); rv != "" {
-		if _, err := strconv.ParseUint(rv, 10, 64); err != nil {
-			return invalid("resume_resource_version %q is not a resourceVersion informerd sent: resume from the resource_version of an event, or leave it empty for a snapshot", rv)
-		}
+	if err := validateResourceVersion("resume_resource_version", req.GetResumeResourceVersion()); err != nil {
+		return cache.Request{}, 0, err
 	}
-	var view cache.View
-	switch req.GetView() {
-	case informerdv1.View_VIEW_UNSPECIFIED, informerdv1.View_VIEW_FULL:
-		view = cache.ViewFull
-	case informerdv1.View_VIEW_METADATA:
-		view = cache.ViewMetadata
-	default:
-		return invalid("view %d is not a known View", req.GetView())
+	if err := validateResourceVersion("not_older_than_resource_version", req.GetNotOlderThanResourceVersion()); err != nil {
+		return cache.Request{}, 0, err
 	}
-	var protobuf bool
-	switch req.GetEncoding() {
-	case informerdv1.Encoding_ENCODING_UNSPECIFIED, informerdv1.Encoding_ENCODING_JSON:
-	case informerdv1.Encoding_ENCODING_PROTOBUF:
-		protobuf = true
-	default:
-		return invalid("encoding %d is not a known Encoding", req.GetEncoding())
+	view, protobuf, err := validateFormat(req.GetView(), req.GetEncoding())
+	if err != nil {
+		return cache.Request{}, 0, err
 	}
-	name := req.GetClientName()
-	if len(name) > maxClientName {
-		return invalid("client_name is %d bytes long, at most %d are allowed", len(name), maxClientName)
-	}
-	if name == "" {
-		name = "unnamed"
+	name, err := holderName(req.GetClientName())
+	if err != nil {
+		return cache.Request{}, 0, err
 	}
 	return cache.Request{
 		GVR:             schema.GroupVersionResource{Group: r.GetGroup(), Version: r.GetVersion(), Resource: r.GetResource()},
@@ -98,8 +142,47 @@ func validateWatch(req *informerdv1.WatchRequest) (cache.Request, cache.View, er
 		Filter:          cache.Filter{Labels: sel},
 		FieldSelector:   fieldSel.String(),
 		Resume:          req.GetResumeResourceVersion(),
+		NotOlderThan:    req.GetNotOlderThanResourceVersion(),
 		WaitForResource: req.GetWaitForResource(),
 		Holder:          name,
 		Protobuf:        protobuf,
 	}, view, nil
+}
+
+// validateGet turns a GetRequest into a cache.Request and the object's
+// name, or returns an INVALID_ARGUMENT status.
+func validateGet(req *informerdv1.GetRequest) (cache.Request, string, cache.View, error) {
+	r := req.GetResource()
+	if err := validateResource(r, req.GetKind(), req.GetNamespace()); err != nil {
+		return cache.Request{}, "", 0, err
+	}
+	name := req.GetName()
+	if name == "" {
+		return cache.Request{}, "", 0, invalid("name is required")
+	}
+	if len(name) > maxName {
+		return cache.Request{}, "", 0, invalid("name is %d bytes long, at most %d are allowed", len(name), maxName)
+	}
+	if errs := path.IsValidPathSegmentName(name); len(errs) > 0 {
+		return cache.Request{}, "", 0, invalid("name %q: %s", name, errs[0])
+	}
+	if err := validateResourceVersion("not_older_than_resource_version", req.GetNotOlderThanResourceVersion()); err != nil {
+		return cache.Request{}, "", 0, err
+	}
+	view, protobuf, err := validateFormat(req.GetView(), req.GetEncoding())
+	if err != nil {
+		return cache.Request{}, "", 0, err
+	}
+	holder, err := holderName(req.GetClientName())
+	if err != nil {
+		return cache.Request{}, "", 0, err
+	}
+	return cache.Request{
+		GVR:          schema.GroupVersionResource{Group: r.GetGroup(), Version: r.GetVersion(), Resource: r.GetResource()},
+		Kind:         req.GetKind(),
+		Namespace:    req.GetNamespace(),
+		NotOlderThan: req.GetNotOlderThanResourceVersion(),
+		Holder:       holder,
+		Protobuf:     protobuf,
+	}, name, view, nil
 }

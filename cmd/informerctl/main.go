@@ -21,6 +21,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/informerd/informerd/client"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
@@ -106,7 +107,7 @@ func watchCmd(ctx context.Context, c *client.Client, args []string) error {
 		return fmt.Errorf("-resource %q: %w", *resource, err)
 	}
 	o.Resource = gvr
-	return client.NewWatcher(c, o, printer{}, client.Backoff{}).Run(ctx)
+	return client.NewWatcher(c, o, printer{}, client.WatcherOptions{}).Run(ctx)
 }
 
 // parseResource reads resource[.version[.group]]; the version defaults to
@@ -129,7 +130,11 @@ func parseResource(s string) (schema.GroupVersionResource, error) {
 // printer prints each change the Watcher hands it.
 type printer struct{}
 
-func (printer) print(verb string, o *unstructured.Unstructured) {
+func (printer) print(verb string, obj any) {
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	o := obj.(*unstructured.Unstructured)
 	key := o.GetName()
 	if ns := o.GetNamespace(); ns != "" {
 		key = ns + "/" + key
@@ -137,7 +142,7 @@ func (printer) print(verb string, o *unstructured.Unstructured) {
 	fmt.Printf("%s\t%s\t%s\n", verb, key, o.GetResourceVersion())
 }
 
-func (p printer) OnAdd(o *unstructured.Unstructured)       { p.print("ADDED", o) }
-func (p printer) OnUpdate(_, o *unstructured.Unstructured) { p.print("MODIFIED", o) }
-func (p printer) OnDelete(o *unstructured.Unstructured)    { p.print("DELETED", o) }
-func (printer) OnSynced()                                  { fmt.Println("SYNCED") }
+func (p printer) OnAdd(o any, _ bool) { p.print("ADDED", o) }
+func (p printer) OnUpdate(_, o any)   { p.print("MODIFIED", o) }
+func (p printer) OnDelete(o any)      { p.print("DELETED", o) }
+func (printer) OnSynced()             { fmt.Println("SYNCED") }

@@ -50,6 +50,11 @@ type config struct {
 	kubeAPIBurst    int
 	enablePprof     bool
 	logLevel        slog.Level
+	maxObjectBytes  int
+	maxInformers    int
+	maxPerCaller    int
+	maxLogBytesAll  int64
+	writeTimeout    time.Duration
 }
 
 func main() {
@@ -86,6 +91,11 @@ func parseFlags(args []string) (*config, error) {
 	fs.Float64Var(&c.kubeAPIQPS, "kube-api-qps", 50, "queries per second to the API server for LISTs, access reviews and discovery (watches are not limited)")
 	fs.IntVar(&c.kubeAPIBurst, "kube-api-burst", 100, "burst above -kube-api-qps")
 	fs.BoolVar(&c.enablePprof, "enable-pprof", false, "serve /debug/pprof/ on -metrics-address")
+	fs.IntVar(&c.maxObjectBytes, "max-object-bytes", 8<<20, fmt.Sprintf("objects whose encoding is larger are not served (logged and counted); at most %d", maxObjectLimit))
+	fs.IntVar(&c.maxInformers, "max-informers", 512, "informers running at once, lingering ones included; at the limit a new one replaces the least recently used lingering one")
+	fs.IntVar(&c.maxPerCaller, "max-informers-per-caller", 64, "distinct informers one caller's streams may hold at once")
+	fs.Int64Var(&c.maxLogBytesAll, "max-log-bytes-total", 1<<30, "object bytes all informers' logs may hold together (each also -log-max-bytes)")
+	fs.DurationVar(&c.writeTimeout, "stream-write-timeout", time.Minute, "a stream whose client reads nothing for this long is ended (UNAVAILABLE; the client resumes)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -133,8 +143,25 @@ func parseFlags(args []string) (*config, error) {
 	if c.logMinAge < 0 {
 		return nil, fmt.Errorf("-log-min-age %s: must not be negative", c.logMinAge)
 	}
+	if c.maxObjectBytes <= 0 || c.maxObjectBytes > maxObjectLimit {
+		return nil, fmt.Errorf("-max-object-bytes %d: must be between 1 and %d, the most a client accepts", c.maxObjectBytes, maxObjectLimit)
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"-max-informers", int64(c.maxInformers)}, {"-max-informers-per-caller", int64(c.maxPerCaller)}, {"-max-log-bytes-total", c.maxLogBytesAll}} {
+		if f.v <= 0 {
+			return nil, fmt.Errorf("%s %d: must be positive", f.name, f.v)
+		}
+	}
+	if c.writeTimeout <= 0 {
+		return nil, fmt.Errorf("-stream-write-timeout %s: must be positive", c.writeTimeout)
+	}
 	return c, nil
 }
+
+// maxObjectLimit is the largest -max-object-bytes: what clients accept.
+const maxObjectLimit = informerdv1.MaxMessageBytes - informerdv1.MaxEventOverhead
 
 // checkLoopback accepts host:port where host is a loopback IP or
 // "localhost": informerd serves its node only.
@@ -173,13 +200,14 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		Config: restCfg, Scope: cache.ScopeStrategy(c.scope), LingerTTL: c.lingerTTL,
 		Log:               cache.LogLimits{MaxEvents: c.logMaxEvents, MaxBytes: c.logMaxBytes, MinAge: minAge},
 		KeepManagedFields: c.keepManaged, DisableWatchList: c.disableWatchLst, UpstreamTimeout: c.upstreamTimeout,
+		MaxObjectBytes: c.maxObjectBytes, MaxSources: c.maxInformers, MaxSourcesPerOwner: c.maxPerCaller, MaxLogBytes: c.maxLogBytesAll,
 		Logger: log, Registerer: reg,
 	})
 	if err != nil {
 		return err
 	}
 	defer mgr.Close()
-	srv, err := daemon.New(daemon.Options{Cache: mgr, Logger: log, Registerer: reg})
+	srv, err := daemon.New(daemon.Options{Cache: mgr, WriteTimeout: c.writeTimeout, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
 	}

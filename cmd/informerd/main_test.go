@@ -28,6 +28,12 @@ func TestParseFlagsNamesTheBadFlag(t *testing.T) {
 		{[]string{"-log-level", "loud"}, "-log-level"},
 		{[]string{"-linger-ttl", "soon"}, "linger-ttl"},
 		{[]string{"extra"}, "unexpected arguments"},
+		{[]string{"-max-object-bytes", "0"}, "-max-object-bytes"},
+		{[]string{"-max-object-bytes", "999999999"}, "-max-object-bytes"},
+		{[]string{"-max-informers", "0"}, "-max-informers"},
+		{[]string{"-max-informers-per-caller", "-1"}, "-max-informers-per-caller"},
+		{[]string{"-max-log-bytes-total", "0"}, "-max-log-bytes-total"},
+		{[]string{"-stream-write-timeout", "0s"}, "-stream-write-timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

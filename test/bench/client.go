@@ -221,13 +221,19 @@ func runClient(args []string) error {
 			go func() {
 				defer wg.Done()
 				if *mode == modeStore {
-					h := client.HandlerFuncs{
-						AddFunc:    func(*unstructured.Unstructured) { rec.event("") },
-						UpdateFunc: func(_, obj *unstructured.Unstructured) { rec.event(obj.GetAnnotations()[stampAnnotation]) },
-						DeleteFunc: func(*unstructured.Unstructured) { rec.event("") },
-						SyncedFunc: onSynced,
-					}
-					runErr <- client.NewWatcher(c, opts, h, client.Backoff{}).Run(ctx)
+					w := client.NewWatcher(c, opts, cache.ResourceEventHandlerFuncs{
+						AddFunc:    func(any) { rec.event("") },
+						UpdateFunc: func(_, obj any) { rec.event(obj.(*unstructured.Unstructured).GetAnnotations()[stampAnnotation]) },
+						DeleteFunc: func(any) { rec.event("") },
+					}, client.WatcherOptions{})
+					go func() { // ends when the Watcher syncs or the run ends
+						select {
+						case <-w.Synced():
+							onSynced()
+						case <-ctx.Done():
+						}
+					}()
+					runErr <- w.Run(ctx)
 					return
 				}
 				runErr <- streamEvents(ctx, c, opts, rec, onSynced)

@@ -29,7 +29,8 @@ type orderChecker struct {
 	t *testing.T
 }
 
-func (o orderChecker) OnUpdate(old, obj *unstructured.Unstructured) {
+func (o orderChecker) OnUpdate(oldObj, newObj any) {
+	old, obj := oldObj.(*unstructured.Unstructured), newObj.(*unstructured.Unstructured)
 	a, _ := strconv.ParseUint(old.GetResourceVersion(), 10, 64)
 	b, _ := strconv.ParseUint(obj.GetResourceVersion(), 10, 64)
 	if b <= a {

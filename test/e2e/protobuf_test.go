@@ -129,7 +129,7 @@ func TestProtobufEncoding(t *testing.T) {
 	}
 	// The Watcher hands protobuf objects to its handler as Unstructured.
 	rec := newRecorder()
-	wt := client.NewWatcher(c, client.WatchOptions{Resource: configMaps, Namespace: ns, Protobuf: true, ClientName: "pb-watcher"}, rec, client.Backoff{})
+	wt := client.NewWatcher(c, client.WatchOptions{Resource: configMaps, Namespace: ns, Protobuf: true, ClientName: "pb-watcher"}, rec, client.WatcherOptions{})
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = wt.Run(ictx) }()
 	rec.waitFor(ctx, t, "the protobuf Watcher matches LIST", func(got map[string]string) bool { return maps.Equal(got, want) })

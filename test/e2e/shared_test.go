@@ -34,7 +34,8 @@ import (
 
 var configMaps = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
 
-// recorder is a client.Handler that keeps what it saw.
+// recorder is a Watcher's handler (client.SyncedHandler too) that keeps
+// what it saw.
 type recorder struct {
 	mu      sync.Mutex        // guards the fields below
 	objects map[string]string // key -> resourceVersion
@@ -65,10 +66,15 @@ func (r *recorder) record(ev string, obj *unstructured.Unstructured, del bool) {
 	r.changed = make(chan struct{})
 }
 
-func (r *recorder) OnAdd(obj *unstructured.Unstructured)       { r.record("ADD", obj, false) }
-func (r *recorder) OnUpdate(_, obj *unstructured.Unstructured) { r.record("UPDATE", obj, false) }
-func (r *recorder) OnDelete(obj *unstructured.Unstructured)    { r.record("DELETE", obj, true) }
-func (r *recorder) OnSynced()                                  { close(r.synced) }
+func (r *recorder) OnAdd(obj any, _ bool) { r.record("ADD", obj.(*unstructured.Unstructured), false) }
+func (r *recorder) OnUpdate(_, obj any)   { r.record("UPDATE", obj.(*unstructured.Unstructured), false) }
+func (r *recorder) OnDelete(obj any) {
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	r.record("DELETE", obj.(*unstructured.Unstructured), true)
+}
+func (r *recorder) OnSynced() { close(r.synced) }
 func (r *recorder) snapshot() (map[string]string, []string, chan struct{}) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -105,11 +111,13 @@ func (r *recorder) waitFor(ctx context.Context, t *testing.T, what string, cond 
 }
 
 // runWatcher runs a client Watcher until the test ends.
-func runWatcher(t *testing.T, c *client.Client, opts client.WatchOptions, h client.Handler) *client.Watcher {
+func runWatcher(t *testing.T, c *client.Client, opts client.WatchOptions, h toolscache.ResourceEventHandler) *client.Watcher {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	w := client.NewWatcher(c, opts, h, client.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond})
-	w.OnError = func(err error) { t.Logf("watcher %s reconnects after: %v", opts.ClientName, err) }
+	w := client.NewWatcher(c, opts, h, client.WatcherOptions{
+		Backoff: client.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		OnError: func(err error) { t.Logf("watcher %s reconnects after: %v", opts.ClientName, err) },
+	})
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	t.Cleanup(func() {
@@ -422,7 +430,7 @@ func TestResetGivesHandlersOnlyNetChanges(t *testing.T) {
 	r := newRecorder()
 	c := d1.dial(t)
 	ctxW, stopW := context.WithCancel(ctx)
-	w := client.NewWatcher(c, client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "net"}, r, client.Backoff{Initial: 10 * time.Millisecond})
+	w := client.NewWatcher(c, client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "net"}, r, client.WatcherOptions{Backoff: client.Backoff{Initial: 10 * time.Millisecond}})
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctxW) }()
 	<-r.synced
@@ -541,7 +549,7 @@ func TestCRDLifecycle(t *testing.T) {
 	}
 
 	r := newRecorder()
-	w := client.NewWatcher(c, client.WatchOptions{Resource: gvr, WaitForResource: true, ClientName: "early"}, r, client.Backoff{})
+	w := client.NewWatcher(c, client.WatchOptions{Resource: gvr, WaitForResource: true, ClientName: "early"}, r, client.WatcherOptions{})
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 

@@ -21,7 +21,7 @@ import (
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
-// latencies is a client.Handler that records, for each update, the time
+// latencies is a Watcher handler that records, for each update, the time
 // from the write (a timestamp in the object) to the handler.
 type latencies struct {
 	mu      sync.Mutex // guards the fields below
@@ -47,10 +47,10 @@ func (l *latencies) note(obj *unstructured.Unstructured) {
 	l.changed = make(chan struct{})
 }
 
-func (l *latencies) OnAdd(obj *unstructured.Unstructured)       { l.note(obj) }
-func (l *latencies) OnUpdate(_, obj *unstructured.Unstructured) { l.note(obj) }
-func (l *latencies) OnDelete(*unstructured.Unstructured)        {}
-func (l *latencies) OnSynced()                                  { close(l.synced) }
+func (l *latencies) OnAdd(obj any, _ bool) { l.note(obj.(*unstructured.Unstructured)) }
+func (l *latencies) OnUpdate(_, obj any)   { l.note(obj.(*unstructured.Unstructured)) }
+func (l *latencies) OnDelete(any)          {}
+func (l *latencies) OnSynced()             { close(l.synced) }
 
 // take waits for n samples and returns them, resetting the record.
 func (l *latencies) take(ctx context.Context, t *testing.T, n int) []time.Duration {

@@ -284,7 +284,9 @@ type WatchRequest struct {
 	// view selects what each event carries.
 	View View `protobuf:"varint,5,opt,name=view,proto3,enum=informerd.v1.View" json:"view,omitempty"`
 	// resume_resource_version continues a previous stream after the event
-	// with this resourceVersion; empty starts with a snapshot.
+	// with this resourceVersion; empty starts with a snapshot. A
+	// resourceVersion that is not a number (some aggregated APIs) resumes
+	// with RESET and a snapshot.
 	ResumeResourceVersion string `protobuf:"bytes,6,opt,name=resume_resource_version,json=resumeResourceVersion,proto3" json:"resume_resource_version,omitempty"`
 	// client_name identifies the caller in introspection and logs.
 	ClientName string `protobuf:"bytes,7,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
@@ -297,9 +299,14 @@ type WatchRequest struct {
 	// empty; an empty resource.version means the server's preferred version.
 	Kind string `protobuf:"bytes,9,opt,name=kind,proto3" json:"kind,omitempty"`
 	// encoding selects how objects are encoded.
-	Encoding      Encoding `protobuf:"varint,10,opt,name=encoding,proto3,enum=informerd.v1.Encoding" json:"encoding,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Encoding Encoding `protobuf:"varint,10,opt,name=encoding,proto3,enum=informerd.v1.Encoding" json:"encoding,omitempty"`
+	// not_older_than_resource_version makes the daemon wait (a few seconds,
+	// then UNAVAILABLE) until the informer has reached this resourceVersion
+	// before it sends anything, so that a client that has seen a state never
+	// receives an older one (ListOptions' resourceVersionMatch=NotOlderThan).
+	NotOlderThanResourceVersion string `protobuf:"bytes,11,opt,name=not_older_than_resource_version,json=notOlderThanResourceVersion,proto3" json:"not_older_than_resource_version,omitempty"`
+	unknownFields               protoimpl.UnknownFields
+	sizeCache                   protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
@@ -402,6 +409,169 @@ func (x *WatchRequest) GetEncoding() Encoding {
 	return Encoding_ENCODING_UNSPECIFIED
 }
 
+func (x *WatchRequest) GetNotOlderThanResourceVersion() string {
+	if x != nil {
+		return x.NotOlderThanResourceVersion
+	}
+	return ""
+}
+
+// GetRequest names one object.
+type GetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// resource is the object's resource, as in WatchRequest.
+	Resource *GroupVersionResource `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	// kind names the resource by kind instead, as in WatchRequest.
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// namespace is the object's namespace; empty for a cluster-scoped one.
+	Namespace string `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// name is the object's name.
+	Name string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	// view selects what the answer carries, as in WatchRequest.
+	View View `protobuf:"varint,5,opt,name=view,proto3,enum=informerd.v1.View" json:"view,omitempty"`
+	// encoding selects how the object is encoded, as in WatchRequest.
+	Encoding Encoding `protobuf:"varint,6,opt,name=encoding,proto3,enum=informerd.v1.Encoding" json:"encoding,omitempty"`
+	// not_older_than_resource_version makes the daemon answer from an
+	// informer that has reached this resourceVersion, as in WatchRequest.
+	NotOlderThanResourceVersion string `protobuf:"bytes,7,opt,name=not_older_than_resource_version,json=notOlderThanResourceVersion,proto3" json:"not_older_than_resource_version,omitempty"`
+	// client_name identifies the caller in introspection and logs.
+	ClientName    string `protobuf:"bytes,8,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRequest) Reset() {
+	*x = GetRequest{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRequest) ProtoMessage() {}
+
+func (x *GetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
+func (*GetRequest) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GetRequest) GetResource() *GroupVersionResource {
+	if x != nil {
+		return x.Resource
+	}
+	return nil
+}
+
+func (x *GetRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *GetRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *GetRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GetRequest) GetView() View {
+	if x != nil {
+		return x.View
+	}
+	return View_VIEW_UNSPECIFIED
+}
+
+func (x *GetRequest) GetEncoding() Encoding {
+	if x != nil {
+		return x.Encoding
+	}
+	return Encoding_ENCODING_UNSPECIFIED
+}
+
+func (x *GetRequest) GetNotOlderThanResourceVersion() string {
+	if x != nil {
+		return x.NotOlderThanResourceVersion
+	}
+	return ""
+}
+
+func (x *GetRequest) GetClientName() string {
+	if x != nil {
+		return x.ClientName
+	}
+	return ""
+}
+
+// GetResponse carries one object.
+type GetResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// object is the object in the requested view and encoding.
+	Object        []byte `protobuf:"bytes,1,opt,name=object,proto3" json:"object,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetResponse) Reset() {
+	*x = GetResponse{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetResponse) ProtoMessage() {}
+
+func (x *GetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
+func (*GetResponse) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GetResponse) GetObject() []byte {
+	if x != nil {
+		return x.Object
+	}
+	return nil
+}
+
 // WatchResponse carries the events that were ready together, in order.
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -413,7 +583,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[2]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +595,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[2]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +608,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{2}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -466,7 +636,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[3]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -478,7 +648,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[3]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -491,7 +661,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{3}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Event) GetType() EventType {
@@ -524,7 +694,7 @@ type ListInformersRequest struct {
 
 func (x *ListInformersRequest) Reset() {
 	*x = ListInformersRequest{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[4]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +706,7 @@ func (x *ListInformersRequest) String() string {
 func (*ListInformersRequest) ProtoMessage() {}
 
 func (x *ListInformersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[4]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +719,7 @@ func (x *ListInformersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInformersRequest.ProtoReflect.Descriptor instead.
 func (*ListInformersRequest) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{4}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{6}
 }
 
 // ListInformersResponse lists the daemon's informers.
@@ -563,7 +733,7 @@ type ListInformersResponse struct {
 
 func (x *ListInformersResponse) Reset() {
 	*x = ListInformersResponse{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[5]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -575,7 +745,7 @@ func (x *ListInformersResponse) String() string {
 func (*ListInformersResponse) ProtoMessage() {}
 
 func (x *ListInformersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[5]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -588,7 +758,7 @@ func (x *ListInformersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInformersResponse.ProtoReflect.Descriptor instead.
 func (*ListInformersResponse) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{5}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListInformersResponse) GetInformers() []*Informer {
@@ -634,7 +804,7 @@ type Informer struct {
 
 func (x *Informer) Reset() {
 	*x = Informer{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[6]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -646,7 +816,7 @@ func (x *Informer) String() string {
 func (*Informer) ProtoMessage() {}
 
 func (x *Informer) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[6]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -659,7 +829,7 @@ func (x *Informer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Informer.ProtoReflect.Descriptor instead.
 func (*Informer) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{6}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Informer) GetResource() *GroupVersionResource {
@@ -754,7 +924,7 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x14GroupVersionResource\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1a\n" +
-	"\bresource\x18\x03 \x01(\tR\bresource\"\xaf\x03\n" +
+	"\bresource\x18\x03 \x01(\tR\bresource\"\xf5\x03\n" +
 	"\fWatchRequest\x12>\n" +
 	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -767,7 +937,21 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x11wait_for_resource\x18\b \x01(\bR\x0fwaitForResource\x12\x12\n" +
 	"\x04kind\x18\t \x01(\tR\x04kind\x122\n" +
 	"\bencoding\x18\n" +
-	" \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding\"<\n" +
+	" \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding\x12D\n" +
+	"\x1fnot_older_than_resource_version\x18\v \x01(\tR\x1bnotOlderThanResourceVersion\"\xd5\x02\n" +
+	"\n" +
+	"GetRequest\x12>\n" +
+	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1c\n" +
+	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12&\n" +
+	"\x04view\x18\x05 \x01(\x0e2\x12.informerd.v1.ViewR\x04view\x122\n" +
+	"\bencoding\x18\x06 \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding\x12D\n" +
+	"\x1fnot_older_than_resource_version\x18\a \x01(\tR\x1bnotOlderThanResourceVersion\x12\x1f\n" +
+	"\vclient_name\x18\b \x01(\tR\n" +
+	"clientName\"%\n" +
+	"\vGetResponse\x12\x16\n" +
+	"\x06object\x18\x01 \x01(\fR\x06object\"<\n" +
 	"\rWatchResponse\x12+\n" +
 	"\x06events\x18\x01 \x03(\v2\x13.informerd.v1.EventR\x06events\"w\n" +
 	"\x05Event\x12+\n" +
@@ -806,10 +990,11 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x12EVENT_TYPE_DELETED\x10\x03\x12\x17\n" +
 	"\x13EVENT_TYPE_BOOKMARK\x10\x04\x12\x15\n" +
 	"\x11EVENT_TYPE_SYNCED\x10\x05\x12\x14\n" +
-	"\x10EVENT_TYPE_RESET\x10\x062\xaf\x01\n" +
+	"\x10EVENT_TYPE_RESET\x10\x062\xeb\x01\n" +
 	"\x0fInformerService\x12B\n" +
 	"\x05Watch\x12\x1a.informerd.v1.WatchRequest\x1a\x1b.informerd.v1.WatchResponse0\x01\x12X\n" +
-	"\rListInformers\x12\".informerd.v1.ListInformersRequest\x1a#.informerd.v1.ListInformersResponseB?Z=github.com/informerd/informerd/proto/informerd/v1;informerdv1b\x06proto3"
+	"\rListInformers\x12\".informerd.v1.ListInformersRequest\x1a#.informerd.v1.ListInformersResponse\x12:\n" +
+	"\x03Get\x12\x18.informerd.v1.GetRequest\x1a\x19.informerd.v1.GetResponseB?Z=github.com/informerd/informerd/proto/informerd/v1;informerdv1b\x06proto3"
 
 var (
 	file_informerd_v1_informerd_proto_rawDescOnce sync.Once
@@ -824,37 +1009,44 @@ func file_informerd_v1_informerd_proto_rawDescGZIP() []byte {
 }
 
 var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_informerd_v1_informerd_proto_goTypes = []any{
 	(Encoding)(0),                 // 0: informerd.v1.Encoding
 	(View)(0),                     // 1: informerd.v1.View
 	(EventType)(0),                // 2: informerd.v1.EventType
 	(*GroupVersionResource)(nil),  // 3: informerd.v1.GroupVersionResource
 	(*WatchRequest)(nil),          // 4: informerd.v1.WatchRequest
-	(*WatchResponse)(nil),         // 5: informerd.v1.WatchResponse
-	(*Event)(nil),                 // 6: informerd.v1.Event
-	(*ListInformersRequest)(nil),  // 7: informerd.v1.ListInformersRequest
-	(*ListInformersResponse)(nil), // 8: informerd.v1.ListInformersResponse
-	(*Informer)(nil),              // 9: informerd.v1.Informer
+	(*GetRequest)(nil),            // 5: informerd.v1.GetRequest
+	(*GetResponse)(nil),           // 6: informerd.v1.GetResponse
+	(*WatchResponse)(nil),         // 7: informerd.v1.WatchResponse
+	(*Event)(nil),                 // 8: informerd.v1.Event
+	(*ListInformersRequest)(nil),  // 9: informerd.v1.ListInformersRequest
+	(*ListInformersResponse)(nil), // 10: informerd.v1.ListInformersResponse
+	(*Informer)(nil),              // 11: informerd.v1.Informer
 }
 var file_informerd_v1_informerd_proto_depIdxs = []int32{
 	3,  // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
 	1,  // 1: informerd.v1.WatchRequest.view:type_name -> informerd.v1.View
 	0,  // 2: informerd.v1.WatchRequest.encoding:type_name -> informerd.v1.Encoding
-	6,  // 3: informerd.v1.WatchResponse.events:type_name -> informerd.v1.Event
-	2,  // 4: informerd.v1.Event.type:type_name -> informerd.v1.EventType
-	9,  // 5: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
-	3,  // 6: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
-	0,  // 7: informerd.v1.Informer.encoding:type_name -> informerd.v1.Encoding
-	4,  // 8: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
-	7,  // 9: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
-	5,  // 10: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
-	8,  // 11: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
-	10, // [10:12] is the sub-list for method output_type
-	8,  // [8:10] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	3,  // 3: informerd.v1.GetRequest.resource:type_name -> informerd.v1.GroupVersionResource
+	1,  // 4: informerd.v1.GetRequest.view:type_name -> informerd.v1.View
+	0,  // 5: informerd.v1.GetRequest.encoding:type_name -> informerd.v1.Encoding
+	8,  // 6: informerd.v1.WatchResponse.events:type_name -> informerd.v1.Event
+	2,  // 7: informerd.v1.Event.type:type_name -> informerd.v1.EventType
+	11, // 8: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
+	3,  // 9: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
+	0,  // 10: informerd.v1.Informer.encoding:type_name -> informerd.v1.Encoding
+	4,  // 11: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
+	9,  // 12: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
+	5,  // 13: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
+	7,  // 14: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
+	10, // 15: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
+	6,  // 16: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
+	14, // [14:17] is the sub-list for method output_type
+	11, // [11:14] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_informerd_v1_informerd_proto_init() }
@@ -868,7 +1060,7 @@ func file_informerd_v1_informerd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_informerd_v1_informerd_proto_rawDesc), len(file_informerd_v1_informerd_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	InformerService_Watch_FullMethodName         = "/informerd.v1.InformerService/Watch"
 	InformerService_ListInformers_FullMethodName = "/informerd.v1.InformerService/ListInformers"
+	InformerService_Get_FullMethodName           = "/informerd.v1.InformerService/Get"
 )
 
 // InformerServiceClient is the client API for InformerService service.
@@ -34,6 +35,10 @@ type InformerServiceClient interface {
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 	// ListInformers reports every informer the daemon holds, with its holders.
 	ListInformers(ctx context.Context, in *ListInformersRequest, opts ...grpc.CallOption) (*ListInformersResponse, error)
+	// Get returns one object, by namespace and name, from the store of the
+	// informer that serves its resource (started, or kept lingering, as for
+	// a Watch).
+	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
 }
 
 type informerServiceClient struct {
@@ -73,6 +78,16 @@ func (c *informerServiceClient) ListInformers(ctx context.Context, in *ListInfor
 	return out, nil
 }
 
+func (c *informerServiceClient) Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetResponse)
+	err := c.cc.Invoke(ctx, InformerService_Get_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // InformerServiceServer is the server API for InformerService service.
 // All implementations must embed UnimplementedInformerServiceServer
 // for forward compatibility.
@@ -84,6 +99,10 @@ type InformerServiceServer interface {
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	// ListInformers reports every informer the daemon holds, with its holders.
 	ListInformers(context.Context, *ListInformersRequest) (*ListInformersResponse, error)
+	// Get returns one object, by namespace and name, from the store of the
+	// informer that serves its resource (started, or kept lingering, as for
+	// a Watch).
+	Get(context.Context, *GetRequest) (*GetResponse, error)
 	mustEmbedUnimplementedInformerServiceServer()
 }
 
@@ -99,6 +118,9 @@ func (UnimplementedInformerServiceServer) Watch(*WatchRequest, grpc.ServerStream
 }
 func (UnimplementedInformerServiceServer) ListInformers(context.Context, *ListInformersRequest) (*ListInformersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListInformers not implemented")
+}
+func (UnimplementedInformerServiceServer) Get(context.Context, *GetRequest) (*GetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Get not implemented")
 }
 func (UnimplementedInformerServiceServer) mustEmbedUnimplementedInformerServiceServer() {}
 func (UnimplementedInformerServiceServer) testEmbeddedByValue()                         {}
@@ -150,6 +172,24 @@ func _InformerService_ListInformers_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _InformerService_Get_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InformerServiceServer).Get(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InformerService_Get_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InformerServiceServer).Get(ctx, req.(*GetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // InformerService_ServiceDesc is the grpc.ServiceDesc for InformerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -160,6 +200,10 @@ var InformerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListInformers",
 			Handler:    _InformerService_ListInformers_Handler,
+		},
+		{
+			MethodName: "Get",
+			Handler:    _InformerService_Get_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

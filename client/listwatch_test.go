@@ -1,0 +1,246 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+)
+
+// scriptedDaemon answers each Watch with the next script, recording the
+// requests; the stream then stays open until the client leaves.
+type scriptedDaemon struct {
+	informerdv1.UnimplementedInformerServiceServer
+	mu       sync.Mutex // guards the fields below
+	scripts  [][]*informerdv1.Event
+	ends     []error // after a script: the stream's status (nil: stay open)
+	requests []*informerdv1.WatchRequest
+}
+
+func (d *scriptedDaemon) Watch(req *informerdv1.WatchRequest, stream informerdv1.InformerService_WatchServer) error {
+	d.mu.Lock()
+	d.requests = append(d.requests, req)
+	var script []*informerdv1.Event
+	var end error
+	if len(d.scripts) > 0 {
+		script, end = d.scripts[0], d.ends[0]
+		d.scripts, d.ends = d.scripts[1:], d.ends[1:]
+	}
+	d.mu.Unlock()
+	if len(script) > 0 {
+		if err := stream.Send(&informerdv1.WatchResponse{Events: script}); err != nil {
+			return err
+		}
+	}
+	if end != nil {
+		return end
+	}
+	<-stream.Context().Done()
+	return nil
+}
+
+func (d *scriptedDaemon) then(end error, evs ...*informerdv1.Event) *scriptedDaemon {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.scripts, d.ends = append(d.scripts, evs), append(d.ends, end)
+	return d
+}
+
+func (d *scriptedDaemon) request(i int) *informerdv1.WatchRequest {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.requests[i]
+}
+
+// serveScripted serves d on a Unix socket and returns a Client of it.
+func serveScripted(t *testing.T, d *scriptedDaemon) *Client {
+	t.Helper()
+	socket := filepath.Join(t.TempDir(), "d.sock")
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	informerdv1.RegisterInformerServiceServer(gs, d)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = gs.Serve(l) }()
+	c, err := Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); gs.Stop(); <-done })
+	return c
+}
+
+func cm(name, rv string) *informerdv1.Event {
+	return ev(added, name, rv)
+}
+
+var configMaps = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+
+func TestListerWatcherList(t *testing.T) {
+	d := (&scriptedDaemon{}).then(nil, cm("a", "3"), cm("b", "4"), ev(synced, "", "5"))
+	lw := NewListerWatcher(serveScripted(t, d), WatchOptions{Resource: configMaps, Namespace: "ns", LabelSelector: "app=x"})
+	got, err := lw.ListWithContext(t.Context(), metav1.ListOptions{LabelSelector: "app=x", FieldSelector: "metadata.name!=z"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := got.(*unstructured.UnstructuredList)
+	if len(l.Items) != 2 || l.GetResourceVersion() != "5" {
+		t.Fatalf("List = %d items at %q, want 2 at 5", len(l.Items), l.GetResourceVersion())
+	}
+	req := d.request(0)
+	if req.GetLabelSelector() != "app=x" || req.GetFieldSelector() != "metadata.name!=z" || req.GetNamespace() != "ns" {
+		t.Errorf("request = %v: the ListOptions' selectors did not reach the daemon", req)
+	}
+	_, err = lw.ListWithContext(t.Context(), metav1.ListOptions{LabelSelector: "app=y"})
+	if !apierrors.IsBadRequest(err) {
+		t.Errorf("conflicting selectors: %v, want BadRequest", err)
+	}
+}
+
+func TestListerWatcherWatch(t *testing.T) {
+	d := (&scriptedDaemon{}).
+		then(nil, ev(modified, "a", "6"), ev(bookmarkT, "", "7"), ev(deleted, "b", "8")).
+		then(status.Error(codes.PermissionDenied, "may not watch configmaps"), ev(added, "c", "9")).
+		then(nil, ev(reset, "", ""))
+	lw := NewListerWatcher(serveScripted(t, d), WatchOptions{Resource: configMaps})
+	collect := func(o metav1.ListOptions, n int) []string {
+		t.Helper()
+		w, err := lw.WatchWithContext(t.Context(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Stop()
+		var got []string
+		for e := range w.ResultChan() {
+			switch obj := e.Object.(type) {
+			case *metav1.Status:
+				got = append(got, fmt.Sprintf("%s %d", e.Type, obj.Code))
+			default:
+				m := obj.(*unstructured.Unstructured)
+				got = append(got, fmt.Sprintf("%s %s@%s", e.Type, m.GetName(), m.GetResourceVersion()))
+			}
+			if len(got) == n {
+				break
+			}
+		}
+		return got
+	}
+	if got, want := collect(metav1.ListOptions{ResourceVersion: "5", AllowWatchBookmarks: true}, 3),
+		[]string{"MODIFIED a@6", "BOOKMARK @7", "DELETED b@8"}; !slices.Equal(got, want) {
+		t.Errorf("watch = %v, want %v", got, want)
+	}
+	if d.request(0).GetResumeResourceVersion() != "5" {
+		t.Errorf("resume = %q, want 5", d.request(0).GetResumeResourceVersion())
+	}
+	if got, want := collect(metav1.ListOptions{ResourceVersion: "8"}, 2), []string{"ADDED c@9", "ERROR 403"}; !slices.Equal(got, want) {
+		t.Errorf("watch ending PERMISSION_DENIED = %v, want %v", got, want)
+	}
+	// Never older than what this ListerWatcher delivered (9).
+	if got := d.request(1).GetNotOlderThanResourceVersion(); got != "8" {
+		t.Errorf("second watch asked not older than %q, want 8", got)
+	}
+	if got, want := collect(metav1.ListOptions{ResourceVersion: "9"}, 1), []string{"ERROR 410"}; !slices.Equal(got, want) {
+		t.Errorf("watch after RESET = %v, want %v (relist)", got, want)
+	}
+	if got := d.request(2).GetNotOlderThanResourceVersion(); got != "9" {
+		t.Errorf("third watch asked not older than %q, want 9", got)
+	}
+}
+
+func TestListerWatcherWatchList(t *testing.T) {
+	d := (&scriptedDaemon{}).then(nil, cm("a", "3"), ev(synced, "", "12"))
+	lw := NewListerWatcher(serveScripted(t, d), WatchOptions{Resource: configMaps})
+	yes := true
+	w, err := lw.WatchWithContext(t.Context(), metav1.ListOptions{
+		SendInitialEvents: &yes, ResourceVersion: "10", ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, AllowWatchBookmarks: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	first, second := <-w.ResultChan(), <-w.ResultChan()
+	if first.Type != watch.Added || second.Type != watch.Bookmark {
+		t.Fatalf("WatchList = %s, %s; want ADDED then BOOKMARK", first.Type, second.Type)
+	}
+	m := second.Object.(*unstructured.Unstructured)
+	if m.GetAnnotations()[metav1.InitialEventsAnnotationKey] != "true" || m.GetResourceVersion() != "12" {
+		t.Errorf("the initial-events-end bookmark is %v", m.Object)
+	}
+	req := d.request(0)
+	if req.GetResumeResourceVersion() != "" || req.GetNotOlderThanResourceVersion() != "10" {
+		t.Errorf("WatchList request = %v, want a snapshot not older than 10", req)
+	}
+}
+
+// TestListerWatcherTypedWithScheme: with a Scheme, kinds it knows decode
+// into their Go types (custom resources too) and others into Unstructured.
+func TestListerWatcherTypedWithScheme(t *testing.T) {
+	s := runtime.NewScheme()
+	if err := corev1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	widget := &unstructured.Unstructured{}
+	widget.SetAPIVersion("example.com/v1")
+	widget.SetKind("Widget")
+	widget.SetName("w")
+	wb, _ := widget.MarshalJSON()
+	d := (&scriptedDaemon{}).then(nil, cm("a", "3"), &informerdv1.Event{Type: added, Object: wb, ResourceVersion: "4"}, ev(synced, "", "4"))
+	lw := NewListerWatcher(serveScripted(t, d), WatchOptions{Resource: configMaps, Scheme: s})
+	got, err := lw.ListWithContext(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := got.(*metav1.List).Items
+	if _, ok := items[0].Object.(*corev1.ConfigMap); !ok {
+		t.Errorf("a ConfigMap decoded as %T", items[0].Object)
+	}
+	if _, ok := items[1].Object.(*unstructured.Unstructured); !ok {
+		t.Errorf("an unknown kind decoded as %T", items[1].Object)
+	}
+}
+
+// TestListerWatcherRunsAnInformer: a client-go informer over the adapter
+// syncs and sees the changes.
+func TestListerWatcherRunsAnInformer(t *testing.T) {
+	d := (&scriptedDaemon{}).
+		then(nil, cm("a", "3"), ev(synced, "", "3"), ev(modified, "a", "4"), cm("b", "5"))
+	lw := NewListerWatcher(serveScripted(t, d), WatchOptions{Resource: configMaps})
+	inf := toolscache.NewSharedIndexInformer(lw, &unstructured.Unstructured{}, 0, toolscache.Indexers{})
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { defer close(done); inf.RunWithContext(ctx) }()
+	defer func() { cancel(); <-done }()
+	if !toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		t.Fatal("never synced")
+	}
+	for ctx.Err() == nil {
+		if obj, ok, _ := inf.GetStore().GetByKey("ns/b"); ok && obj.(*unstructured.Unstructured).GetResourceVersion() == "5" {
+			if a, _, _ := inf.GetStore().GetByKey("ns/a"); a.(*unstructured.Unstructured).GetResourceVersion() == "4" {
+				return
+			}
+		}
+		time.Sleep(10 * time.Millisecond) // the informer's store offers nothing to wait on
+	}
+	t.Fatal("the informer never saw the changes")
+}

@@ -1,0 +1,22 @@
+// This file is written by hand: what clients and the daemon agree on
+// besides the messages.
+
+package informerdv1
+
+// MaxMessageBytes is the largest message the daemon sends: a WatchResponse
+// is cut at about 1 MiB unless a single event is larger, and the daemon
+// refuses objects larger than MaxMessageBytes-MaxEventOverhead (its
+// -max-object-bytes is at most that). Clients must accept messages of this
+// size.
+const MaxMessageBytes = 16 << 20
+
+// MaxEventOverhead bounds what an event adds to its object's bytes.
+const MaxEventOverhead = 4 << 10
+
+// ErrorDomain is the domain of the google.rpc.ErrorInfo details the
+// daemon attaches to some errors.
+const ErrorDomain = "informerd.io"
+
+// ReasonObjectNotFound is the ErrorInfo reason of a NOT_FOUND that is
+// about the object named, not its resource (Get).
+const ReasonObjectNotFound = "OBJECT_NOT_FOUND"
