@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/informerd/informerd/client"
@@ -83,8 +84,18 @@ func TestChaos(t *testing.T) {
 		recs = append(recs, r)
 	}
 
+	// And client-go informers with a label selector, through the
+	// ListerWatcher: they must converge on the selected objects and never
+	// be told of the deletion of an object they never had.
+	var selected []*selectorInformer
+	for i := range 2 {
+		selected = append(selected, runSelectorInformer(ctx, t, d.socket, ns, "parity=even", fmt.Sprintf("selected-%d", i)))
+	}
+
 	// Mutations: a seeded stream of creates, updates and deletes of 30
-	// objects; failures while the API server is down are expected.
+	// objects whose parity label flips at random, so that objects enter
+	// and leave the selector; failures while the API server is down are
+	// expected.
 	cms := kubernetes.NewForConfigOrDie(env.RESTConfig()).CoreV1().ConfigMaps(ns)
 	mutRNG := rand.New(rand.NewPCG(seed+1, seed+1))
 	var mutations, failed int
@@ -100,7 +111,8 @@ func TestChaos(t *testing.T) {
 			case 0:
 				err = cms.Delete(mctx, name, metav1.DeleteOptions{})
 			default:
-				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"n": strconv.Itoa(mutations)}}
+				parity := [2]string{"even", "odd"}[mutRNG.IntN(2)]
+				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"parity": parity}}, Data: map[string]string{"n": strconv.Itoa(mutations)}}
 				if _, err = cms.Update(mctx, cm, metav1.UpdateOptions{}); err != nil {
 					_, err = cms.Create(mctx, cm, metav1.CreateOptions{})
 				}
@@ -164,10 +176,21 @@ func TestChaos(t *testing.T) {
 		ccancel()
 		r.checkUnmutated(t)
 	}
-	t.Logf("chaos: %s; faults %v; %d mutations (%d refused while the API server was away); %d clients; %d divergences; converged %s after the last fault",
-		duration, faults, mutations, failed, len(recs), divergences, time.Since(lastFault))
+	wantSelected := listSelected(ctx, t, ns, "parity=even")
+	neverSeen := 0
+	for _, si := range selected {
+		if !si.converge(ctx, wantSelected) {
+			divergences++
+		}
+		neverSeen += si.neverSeenDeletes()
+	}
+	t.Logf("chaos: %s; faults %v; %d mutations (%d refused while the API server was away); %d clients (%d of them informers with a label selector); %d divergences; %d deletions of never-seen objects; converged %s after the last fault",
+		duration, faults, mutations, failed, len(recs)+len(selected), len(selected), divergences, neverSeen, time.Since(lastFault))
 	if divergences != 0 {
 		t.Fatalf("%d clients did not converge on the API server's state", divergences)
+	}
+	if neverSeen != 0 {
+		t.Fatalf("informers with a label selector were told of %d deletions of objects they never had", neverSeen)
 	}
 }
 
@@ -187,4 +210,114 @@ func proxiedKubeconfig(t *testing.T, server string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// selectorInformer is a client-go informer with a label selector over the
+// ListerWatcher, whose handler keeps the keys it was given and counts the
+// deletions of keys it never had (client-go hands every DELETED to
+// OnDelete, known or not).
+type selectorInformer struct {
+	inf toolscache.SharedIndexInformer
+
+	mu        sync.Mutex // guards the fields below
+	have      map[string]bool
+	neverSeen int
+	changed   chan struct{} // closed and replaced on every event
+}
+
+func runSelectorInformer(ctx context.Context, t *testing.T, socket, ns, selector, name string) *selectorInformer {
+	t.Helper()
+	c, err := client.Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	lw := client.NewListerWatcher(c, client.WatchOptions{Resource: configMaps, Namespace: ns, LabelSelector: selector, ClientName: name})
+	si := &selectorInformer{inf: toolscache.NewSharedIndexInformer(lw, &unstructured.Unstructured{}, 0, toolscache.Indexers{}),
+		have: map[string]bool{}, changed: make(chan struct{})}
+	note := func(obj any, del bool) {
+		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		o := obj.(*unstructured.Unstructured)
+		k := o.GetNamespace() + "/" + o.GetName()
+		si.mu.Lock()
+		defer si.mu.Unlock()
+		switch {
+		case !del:
+			si.have[k] = true
+		case !si.have[k]:
+			si.neverSeen++
+			t.Errorf("%s: OnDelete of %s, which it never had", name, k)
+		default:
+			delete(si.have, k)
+		}
+		close(si.changed)
+		si.changed = make(chan struct{})
+	}
+	if _, err := si.inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { note(o, false) },
+		UpdateFunc: func(_, o any) { note(o, false) },
+		DeleteFunc: func(o any) { note(o, true) },
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ictx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); si.inf.RunWithContext(ictx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	if !toolscache.WaitForCacheSync(ctx.Done(), si.inf.HasSynced) {
+		t.Fatalf("%s never synced", name)
+	}
+	return si
+}
+
+// state is the informer's store: key -> resourceVersion.
+func (si *selectorInformer) state() (map[string]string, chan struct{}) {
+	si.mu.Lock()
+	ch := si.changed
+	si.mu.Unlock()
+	out := map[string]string{}
+	for _, obj := range si.inf.GetStore().List() {
+		o := obj.(*unstructured.Unstructured)
+		out[o.GetNamespace()+"/"+o.GetName()] = o.GetResourceVersion()
+	}
+	return out, ch
+}
+
+// converge waits up to a minute for the store to equal want.
+func (si *selectorInformer) converge(ctx context.Context, want map[string]string) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		got, changed := si.state()
+		if maps.Equal(got, want) {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+func (si *selectorInformer) neverSeenDeletes() int {
+	si.mu.Lock()
+	defer si.mu.Unlock()
+	return si.neverSeen
+}
+
+// listSelected is the API server's view of a label selector's objects.
+func listSelected(ctx context.Context, t *testing.T, ns, selector string) map[string]string {
+	t.Helper()
+	l, err := kubernetes.NewForConfigOrDie(env.RESTConfig()).CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, o := range l.Items {
+		out[o.Namespace+"/"+o.Name] = o.ResourceVersion
+	}
+	return out
 }

@@ -625,7 +625,7 @@ func TestBadRequests(t *testing.T) {
 		{"unknown resource", client.WatchOptions{Resource: schema.GroupVersionResource{Version: "v1", Resource: "pineapples"}}, "", codes.NotFound, "pineapples"},
 		{"malformed label selector", client.WatchOptions{Resource: configMaps, LabelSelector: "app in (a"}, "", codes.InvalidArgument, "label_selector"},
 		{"malformed field selector", client.WatchOptions{Resource: configMaps, FieldSelector: "metadata.name=a=b=c"}, "", codes.InvalidArgument, "field_selector"},
-		{"malformed resourceVersion", client.WatchOptions{Resource: configMaps}, "yesterday", codes.InvalidArgument, "resume_resource_version"},
+		{"overlong resourceVersion", client.WatchOptions{Resource: configMaps}, strings.Repeat("9", 300), codes.InvalidArgument, "resume_resource_version"},
 		{"missing resource", client.WatchOptions{}, "", codes.InvalidArgument, "resource"},
 		{"bad namespace", client.WatchOptions{Resource: configMaps, Namespace: "Not_A_Namespace"}, "", codes.InvalidArgument, "namespace"},
 		{"kind and resource", client.WatchOptions{Resource: configMaps, Kind: "ConfigMap"}, "", codes.InvalidArgument, "both set"},

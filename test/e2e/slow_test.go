@@ -98,7 +98,7 @@ func TestSlowClientIsBounded(t *testing.T) {
 		createConfigMap(ctx, t, ns, fmt.Sprintf("lat-%d", i), map[string]string{"ts": "0"})
 	}
 	d := startDaemonProcess(t, filepath.Join(t.TempDir(), "informerd.sock"),
-		"-scope", "namespace", "-log-max-events", "1000", "-log-min-age", "0s")
+		"-scope", "namespace", "-log-max-events", "1000", "-log-min-age", "0s", "-stream-write-timeout", "10m")
 	opts := client.WatchOptions{Resource: configMaps, Namespace: ns}
 
 	fast := make([]*latencies, 5)
