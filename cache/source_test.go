@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 func TestMain(m *testing.M) {
@@ -371,5 +372,17 @@ func TestSubscriptionGetAndList(t *testing.T) {
 	}
 	if _, ok := all.Get("a", "missing"); ok {
 		t.Error("Get of a missing object found it")
+	}
+}
+
+func TestWithStatusKeepsTheAPIServersMessage(t *testing.T) {
+	generic := apierrors.NewGenericServerResponse(http.StatusBadRequest, "GET", schema.GroupResource{}, "", "", 0, true)
+	body := []byte(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"field label not supported: spec.x","reason":"BadRequest","code":400}`)
+	err := withStatus(generic, body)
+	if !apierrors.IsBadRequest(err) || !strings.Contains(err.Error(), "field label not supported: spec.x") {
+		t.Fatalf("withStatus = %v, want the API server's BadRequest", err)
+	}
+	if got := withStatus(generic, []byte("not json")); got != error(generic) {
+		t.Fatalf("withStatus of a body that is no Status = %v, want the error unchanged", got)
 	}
 }

@@ -110,7 +110,7 @@ func (u *restUpstream) listPages(ctx context.Context) ([]*Object, string, error)
 		body, err := req.DoRaw(pageCtx)
 		cancel()
 		if err != nil {
-			return nil, "", err
+			return nil, "", withStatus(err, body)
 		}
 		if IsProtobuf(body) {
 			items, rv, next, err := protoList(body, u.stripMF)
@@ -415,6 +415,20 @@ func readBookmark(obj []byte) (rv string, initialEventsEnd bool, err error) {
 		return "", false, err
 	}
 	return h.Metadata.ResourceVersion, h.Metadata.Annotations[metav1.InitialEventsAnnotationKey] == "true", nil
+}
+
+// withStatus returns the API server's Status in body as the error, when
+// body is one: DoRaw reports a generic error for a status code and leaves
+// the API server's reason and message in the body.
+func withStatus(err error, body []byte) error {
+	if len(body) == 0 {
+		return err
+	}
+	st, serr := readStatus(body)
+	if serr != nil || st.Kind != "Status" || st.Status != metav1.StatusFailure {
+		return err
+	}
+	return &apierrors.StatusError{ErrStatus: *st}
 }
 
 // readStatus reads the Status of an ERROR event, in either format.
