@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -243,4 +244,36 @@ func TestListerWatcherRunsAnInformer(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // the informer's store offers nothing to wait on
 	}
 	t.Fatal("the informer never saw the changes")
+}
+
+// TestMissingSocketIsNamed (defect 9.9): while the daemon's socket does
+// not exist, every reconnect reports that, in words, rather than retrying
+// silently.
+func TestMissingSocketIsNamed(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "absent.sock")
+	c, err := Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	errs := make(chan error, 1)
+	w := NewWatcher(c, WatchOptions{Resource: configMaps}, &logHandler{}, WatcherOptions{
+		Backoff: Backoff{Initial: time.Millisecond},
+		OnError: func(err error) {
+			select {
+			case errs <- err:
+				cancel()
+			default:
+			}
+		},
+	})
+	if err := w.Run(ctx); err != nil {
+		t.Fatalf("Run = %v, want it to keep retrying a missing socket", err)
+	}
+	err = <-errs
+	if !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), socket) {
+		t.Fatalf("OnError got %v, want it to name the missing socket", err)
+	}
 }
