@@ -10,6 +10,9 @@ CLUSTER   := $(CURDIR)/_output/cluster
 # E2E_RUN selects e2e tests by name, e.g. make test-e2e E2E_RUN=TestSmoke.
 E2E_RUN   ?= .
 TEST_FLAGS ?=
+# VERSION is stamped into the binaries (informerd -version) and the image.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+LDFLAGS   := -X github.com/informerd/informerd/internal/version.Version=$(VERSION)
 
 .PHONY: help
 help: ## List the targets.
@@ -17,7 +20,20 @@ help: ## List the targets.
 
 .PHONY: build
 build: ## Build informerd's binaries into _output/bin.
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+
+# PLATFORMS is what `make image` builds: os/arch[,os/arch...]; more than one
+# makes a multi-arch index. IMAGE_DIR is the OCI image layout it writes.
+PLATFORMS ?= linux/amd64
+IMAGE_DIR ?= $(CURDIR)/_output/image
+# The image's files and creation time: the last commit's time, so the same
+# commit gives the same digests.
+export SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+.PHONY: image
+image: ## Build the static, non-root OCI image (no Docker) into _output/image (VERSION, PLATFORMS).
+	$(GO) -C hack/image run . -go='$(GO)' -root='$(CURDIR)' -out='$(IMAGE_DIR)' -version='$(VERSION)' \
+		-platforms='$(PLATFORMS)' -revision='$(shell git rev-parse HEAD 2>/dev/null)'
 
 .PHONY: controlplane
 controlplane: ## Build the test control plane (cached outside the clone; ~15 min cold).

@@ -29,11 +29,13 @@ import (
 
 	"github.com/informerd/informerd/cache"
 	"github.com/informerd/informerd/daemon"
+	"github.com/informerd/informerd/internal/version"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
 // config is the parsed command line.
 type config struct {
+	version         bool // -version: print the version and exit
 	kubeconfig      string
 	socket          string
 	listenTCP       string
@@ -63,6 +65,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "informerd:", err)
 		os.Exit(2)
 	}
+	if cfg.version {
+		fmt.Println(version.Version)
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
@@ -76,6 +82,7 @@ func main() {
 func parseFlags(args []string) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("informerd", flag.ContinueOnError)
+	fs.BoolVar(&c.version, "version", false, "print the version and exit")
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
 	fs.StringVar(&c.socket, "socket", "/var/run/informerd/informerd.sock", "Unix socket to serve on (mode 0600); empty: none")
 	fs.StringVar(&c.listenTCP, "listen-tcp", "", "loopback TCP address to serve on as well, e.g. 127.0.0.1:7650; empty: none")
@@ -102,6 +109,9 @@ func parseFlags(args []string) (*config, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q: informerd takes flags only", fs.Args())
+	}
+	if c.version {
+		return c, nil
 	}
 	if err := c.logLevel.UnmarshalText([]byte(*level)); err != nil {
 		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", *level)
