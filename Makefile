@@ -124,10 +124,11 @@ check-generate: generate ## Fail if regeneration changes anything in git.
 	@git add -N proto && git diff --exit-code -- proto || { echo "generated code is stale: run make generate and commit" >&2; exit 1; }
 
 .PHONY: lint
-lint: $(BIN)/buf $(BIN)/golangci-lint ## buf lint, buf format and golangci-lint.
+lint: $(BIN)/buf $(BIN)/golangci-lint ## buf lint, buf format and golangci-lint (hack/image too).
 	$(BIN)/buf lint
 	$(BIN)/buf format --diff --exit-code
 	$(BIN)/golangci-lint run ./...
+	cd hack/image && $(BIN)/golangci-lint run --config ../../.golangci.yml ./...
 
 .PHONY: breaking
 breaking: $(BIN)/buf ## Check proto/ for breaking changes against main.

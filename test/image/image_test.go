@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -105,11 +106,12 @@ func TestMakeImage(t *testing.T) {
 	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		return strings.HasPrefix(kv, "MAKEFLAGS=") || strings.HasPrefix(kv, "MFLAGS=") || strings.HasPrefix(kv, "MAKELEVEL=")
 	})
-	if b, err := cmd.CombinedOutput(); err != nil {
+	start := time.Now()
+	b, err := cmd.CombinedOutput()
+	if err != nil {
 		t.Fatalf("make image: %v\n%s", err, b)
-	} else {
-		t.Logf("make image:\n%s", b)
 	}
+	t.Logf("make image took %s:\n%s", time.Since(start).Round(time.Second), b)
 
 	if b := readFile(t, filepath.Join(out, "oci-layout")); !strings.Contains(string(b), `"imageLayoutVersion"`) {
 		t.Fatalf("oci-layout = %s, want an imageLayoutVersion", b)
@@ -230,7 +232,6 @@ func checkStatic(t *testing.T, name string, data []byte) {
 		t.Errorf("/%s: not ELF: %v", name, err)
 		return
 	}
-	defer f.Close()
 	machine := map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}[runtime.GOARCH]
 	if f.Type != elf.ET_EXEC || f.Machine != machine {
 		t.Errorf("/%s: ELF type %v machine %v, want a static executable for %v", name, f.Type, f.Machine, machine)
