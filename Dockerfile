@@ -10,7 +10,8 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=devel
-ARG TARGETOS TARGETARCH
+ARG TARGETOS
+ARG TARGETARCH
 RUN CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath \
 	-ldflags "-s -w -X github.com/informerd/informerd/internal/version.Version=${VERSION}" \
 	-o /out/ ./cmd/informerd ./cmd/informerctl
