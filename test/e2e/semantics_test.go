@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/informerd/informerd/cache"
@@ -123,7 +124,14 @@ func TestStalledSnapshotReadersAreBounded(t *testing.T) {
 		t.Logf("the rewrite took %s (creating took %s), past the write timeout: the heap while stalled was measured after the cut", stalled, took)
 	}
 
-	// Past the write timeout all are cut off and what they pinned is free.
+	// Past the write timeout all are cut off (reading before that would
+	// unblock them) and what they pinned is free.
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*timeout, true, func(context.Context) (bool, error) {
+		return d.metric("informerd_streams") == 1, nil // the bystander's
+	})
+	if err != nil {
+		t.Fatalf("the stalled streams were not cut off within %s: %v", 2*timeout, err)
+	}
 	for i, s := range stalled {
 		for {
 			_, err := s.Recv()
