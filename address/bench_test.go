@@ -108,7 +108,7 @@ func benchPodObject(tb testing.TB, i int, touched bool) *cache.Object {
 		Status: corev1.PodStatus{
 			Phase: corev1.PodRunning, HostIP: "192.168.0.1", HostIPs: []corev1.HostIP{{IP: "192.168.0.1"}},
 			PodIP: benchIP(i).String(), PodIPs: []corev1.PodIP{{IP: benchIP(i).String()}},
-			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}, {Type: corev1.ContainersReady, Status: corev1.ConditionTrue}},
+			Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}, {Type: corev1.ContainersReady, Status: corev1.ConditionTrue}},
 			ContainerStatuses: []corev1.ContainerStatus{{Name: "app", Ready: true, Image: "registry.example.com/" + app + ":v1"}, {Name: "proxy", Ready: true}},
 		},
 	}

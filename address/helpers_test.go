@@ -177,9 +177,10 @@ func (f *fakeEvents) feed(t testing.TB, evs ...*cache.Event) {
 // fakeCluster is a Subscriber: each Subscribe of a served resource gets a
 // new fakeEvents, handed to the test on subs.
 type fakeCluster struct {
-	mu       sync.Mutex // guards served and failWith
-	served   map[schema.GroupVersionResource]bool
-	failWith error
+	mu     sync.Mutex // guards served and podsFail
+	served map[schema.GroupVersionResource]bool
+	// podsFail, if set, is what subscribing to pods returns.
+	podsFail error
 	subs     chan *subscription
 }
 
@@ -198,11 +199,11 @@ func newFakeCluster(served ...schema.GroupVersionResource) *fakeCluster {
 
 func (c *fakeCluster) subscribe(ctx context.Context, req cache.Request) (Events, error) {
 	c.mu.Lock()
-	served, failWith := c.served[req.GVR], c.failWith
+	served, podsFail := c.served[req.GVR], c.podsFail
 	c.mu.Unlock()
 	switch {
-	case failWith != nil:
-		return nil, failWith
+	case podsFail != nil && req.GVR == podsGVR:
+		return nil, podsFail
 	case !served && !req.WaitForResource:
 		return nil, fmt.Errorf("%w: %s", cache.ErrUnknownResource, req.GVR)
 	case !served:

@@ -3,6 +3,7 @@ package address
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -21,7 +22,7 @@ func newTestTracker(t *testing.T, serveServers bool) (*Tracker, *fakeCluster, *p
 		c.served[servers.Resource] = true
 	}
 	reg := prometheus.NewRegistry()
-	tr, err := New(Options{Subscribe: c.subscribe, Related: []RelatedKind{servers}, Registerer: reg})
+	tr, err := New(Options{Subscribe: c.subscribe, Related: []RelatedKind{servers}, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,13 +157,13 @@ func TestWatchResetReplacesThePods(t *testing.T) {
 // fails the watches with the cause; the next watch starts afresh.
 func TestWatchFailure(t *testing.T) {
 	tr, c, _ := newTestTracker(t, false)
-	c.failWith = cache.ErrNotSynced
+	c.podsFail = cache.ErrNotSynced
 	w := tr.Watch(Request{Address: ap("10.0.0.1:80")})
 	if _, err := w.Next(context.Background()); !errors.Is(err, cache.ErrNotSynced) {
 		t.Fatalf("Next = %v, want ErrNotSynced", err)
 	}
 	c.mu.Lock()
-	c.failWith = nil
+	c.podsFail = nil
 	c.mu.Unlock()
 	w2 := tr.Watch(Request{Address: ap("10.0.0.1:80")})
 	defer w2.Close()
