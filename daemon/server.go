@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/informerd/informerd/address"
 	"github.com/informerd/informerd/cache"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
@@ -34,6 +35,9 @@ type Options struct {
 	// UNAVAILABLE: a live client resumes where it was, and a stuck one
 	// holds nothing of the daemon's beyond it. Default 1m.
 	WriteTimeout time.Duration
+	// AddressRelated are the related kinds whose objects WatchAddress
+	// answers list. Default none.
+	AddressRelated []address.RelatedKind
 	// Logger. Default slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the metrics. Default: none are registered.
@@ -50,6 +54,9 @@ type Server struct {
 	// shutdown ends every stream when cancelled.
 	shutdown       context.Context
 	cancelShutdown context.CancelFunc
+	// addresses answers WatchAddress; addressReads are what it reads.
+	addresses    *address.Tracker
+	addressReads []access
 }
 
 var _ informerdv1.InformerServiceServer = (*Server)(nil)
@@ -73,6 +80,10 @@ func New(opts Options) (*Server, error) {
 		opts.Logger = slog.Default()
 	}
 	s := &Server{opts: opts, log: opts.Logger, metrics: newMetrics(opts.Registerer)}
+	var err error
+	if s.addresses, s.addressReads, err = newAddresses(opts); err != nil {
+		return nil, err
+	}
 	s.shutdown, s.cancelShutdown = context.WithCancel(context.Background())
 	return s, nil
 }
