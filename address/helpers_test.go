@@ -3,7 +3,6 @@ package address
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -264,5 +263,3 @@ func describe(a *Answer) string {
 	}
 	return s
 }
-
-var errBoom = errors.New("boom")

@@ -83,6 +83,10 @@ func TestWatchAnswersOnceSyncedAndOnChangeOnly(t *testing.T) {
 	if got := metricValue(t, reg, "informerd_ip_port_subscribers"); got != 1 {
 		t.Fatalf("informerd_ip_port_subscribers = %v, want 1", got)
 	}
+	pods.ev.feed(t, deleted(podObject(t, web)))
+	if got := describe(next(t, w)); got != "none" {
+		t.Fatalf("after the pod was deleted: %s", got)
+	}
 }
 
 // TestWatchSharesOneSubscription: every watch shares one pod subscription,

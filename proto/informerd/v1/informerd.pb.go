@@ -1055,8 +1055,8 @@ type WatchAddressResponse struct {
 	// port is the pod's declared container port for the address; absent when
 	// the pod declares none for it.
 	Port *AddressPort `protobuf:"bytes,3,opt,name=port,proto3" json:"port,omitempty"`
-	// related are the related objects that select the pod and port, sorted
-	// by resource, namespace and name.
+	// related are the related objects that select the pod and port, in the
+	// order of the daemon's related kinds, then by namespace and name.
 	Related []*RelatedObject `protobuf:"bytes,4,rep,name=related,proto3" json:"related,omitempty"`
 	// claimants is how many pods claim the address; more than one is a
 	// conflict, which the daemon resolves as docs/address.md says.
