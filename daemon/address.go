@@ -1,12 +1,10 @@
 package daemon
 
 import (
-	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -40,12 +38,10 @@ func newAddresses(opts Options) (*address.Tracker, []access, error) {
 func (s *Server) WatchAddress(req *informerdv1.WatchAddressRequest, stream informerdv1.InformerService_WatchAddressServer) error {
 	areq, holder, err := validateWatchAddress(req)
 	if err != nil {
-		s.metrics.requestErrors.WithLabelValues(codes.InvalidArgument.String()).Inc()
-		return err
+		return s.badRequest(err)
 	}
-	ctx, cancel := context.WithCancel(stream.Context())
+	ctx, cancel := s.requestContext(stream.Context())
 	defer cancel()
-	defer context.AfterFunc(s.shutdown, cancel)()
 	if ctx, err = s.authorize(ctx, s.addressReads...); err != nil {
 		return s.endStream(ctx, err)
 	}
@@ -53,13 +49,18 @@ func (s *Server) WatchAddress(req *informerdv1.WatchAddressRequest, stream infor
 	defer w.Close()
 	log := s.log.With("client", holder, "address", areq.Address.String())
 	log.Debug("address stream started")
+	out := startSender(stream, s.opts.WriteTimeout)
+	defer out.close()
 	for {
 		a, err := w.Next(ctx)
 		if err != nil {
 			log.Debug("address stream ended", "err", err)
 			return s.endStream(ctx, err)
 		}
-		if err := stream.Send(answerProto(a, w.LabelKeys())); err != nil {
+		if err := out.send(ctx, answerProto(a, w.LabelKeys())); err != nil {
+			if errors.Is(err, errWriteTimeout) {
+				log.Info("client stopped reading: address stream ended", "timeout", s.opts.WriteTimeout)
+			}
 			return s.endStream(ctx, err)
 		}
 	}
@@ -69,31 +70,25 @@ func (s *Server) WatchAddress(req *informerdv1.WatchAddressRequest, stream infor
 // and the client's name, or returns an INVALID_ARGUMENT status naming the
 // field.
 func validateWatchAddress(req *informerdv1.WatchAddressRequest) (address.Request, string, error) {
-	invalid := func(format string, args ...any) (address.Request, string, error) {
-		return address.Request{}, "", status.Errorf(codes.InvalidArgument, format, args...)
-	}
 	ip, err := netip.ParseAddr(req.GetIp())
 	if err != nil || ip.Zone() != "" {
-		return invalid("ip %q is not an IP address: write it as, for example, %q or %q", prefix(req.GetIp()), "10.244.0.7", "fd00::7")
+		return address.Request{}, "", invalid("ip %q is not an IP address: write it as, for example, %q or %q", prefix(req.GetIp()), "10.244.0.7", "fd00::7")
 	}
 	if p := req.GetPort(); p == 0 || p > 65535 {
-		return invalid("port %d is not a port: it must be 1 to 65535", p)
+		return address.Request{}, "", invalid("port %d is not a port: it must be 1 to 65535", p)
 	}
 	keys := req.GetLabelKeys()
 	if len(keys) > maxLabelKeys {
-		return invalid("label_keys has %d keys, at most %d are allowed", len(keys), maxLabelKeys)
+		return address.Request{}, "", invalid("label_keys has %d keys, at most %d are allowed", len(keys), maxLabelKeys)
 	}
 	for _, k := range keys {
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
-			return invalid("label_keys: %q is not a label key: %s", prefix(k), errs[0])
+			return address.Request{}, "", invalid("label_keys: %q is not a label key: %s", prefix(k), errs[0])
 		}
 	}
-	name := req.GetClientName()
-	if len(name) > maxClientName {
-		return invalid("client_name is %d bytes long, at most %d are allowed", len(name), maxClientName)
-	}
-	if name == "" {
-		name = "unnamed"
+	name, err := holderName(req.GetClientName())
+	if err != nil {
+		return address.Request{}, "", err
 	}
 	return address.Request{Address: netip.AddrPortFrom(ip, uint16(req.GetPort())), LabelKeys: keys}, name, nil
 }
