@@ -130,7 +130,9 @@ type podSpec struct {
 }
 
 // createPod creates a pod, which the scheduler places on the kwok node, and
-// waits until it is Running with its IPs; it returns the pod.
+// waits until it is Running with its IPs; it returns the pod. When the test
+// ends the pod is deleted, and waited for: the host ports it holds are free
+// for the next test, whatever the namespace's deletion is still doing.
 func createPod(ctx context.Context, t *testing.T, ns string, spec podSpec) *corev1.Pod {
 	t.Helper()
 	admin := kubernetes.NewForConfigOrDie(env.RESTConfig())
@@ -141,11 +143,29 @@ func createPod(ctx context.Context, t *testing.T, ns string, spec podSpec) *core
 			Containers:  []corev1.Container{{Name: "app", Image: "registry.invalid/none:1", Ports: spec.ports}},
 		},
 	}
-	if _, err := admin.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	created, err := admin.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		pods := admin.CoreV1().Pods(ns)
+		err := pods.Delete(ctx, spec.name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(created.UID))})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			t.Errorf("deleting pod %s: %v", spec.name, err)
+			return
+		}
+		err = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			p, err := pods.Get(ctx, spec.name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err) || err == nil && p.UID != created.UID, nil
+		})
+		if err != nil {
+			t.Errorf("pod %s never went away: %v", spec.name, err)
+		}
+	})
 	var got *corev1.Pod
-	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		var err error
 		got, err = admin.CoreV1().Pods(ns).Get(ctx, spec.name, metav1.GetOptions{})
 		return err == nil && got.Status.Phase == corev1.PodRunning && got.Status.PodIP != "" && got.Status.HostIP != "", err
