@@ -55,7 +55,7 @@ chaos: controlplane ## A long seeded chaos run (faults + mutations; CHAOS_DURATI
 
 # FUZZTIME is how long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := ./cache:FuzzDecodeObject ./cache:FuzzDecodeProtoObject ./cache:FuzzWatchStream ./daemon:FuzzValidateWatch ./client:FuzzWatcherApply
+FUZZ_TARGETS := ./cache:FuzzDecodeObject ./cache:FuzzDecodeProtoObject ./cache:FuzzWatchStream ./daemon:FuzzValidateWatch ./daemon:FuzzValidateWatchAddress ./client:FuzzWatcherApply
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s).
@@ -106,8 +106,8 @@ bench: controlplane build ## Direct client-go informers vs informerd, side by si
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench -bin $(BIN) $(BENCH_FLAGS)
 
 .PHONY: bench-go
-bench-go: ## The Go benchmarks (fan-out over Unix sockets vs the raw baseline, the cache) with -benchmem.
-	$(GO) test -run '^$$' -bench '$(BENCH_GO)' -benchmem -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) ./daemon ./cache ./client
+bench-go: ## The Go benchmarks (fan-out over Unix sockets vs the raw baseline, the cache, address answers) with -benchmem.
+	$(GO) test -run '^$$' -bench '$(BENCH_GO)' -benchmem -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) ./daemon ./cache ./client ./address
 
 $(BIN)/buf $(BIN)/golangci-lint: hack/tools/go.mod hack/tools/go.sum
 	cd hack/tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf github.com/golangci/golangci-lint/v2/cmd/golangci-lint

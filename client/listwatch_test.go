@@ -72,7 +72,7 @@ func (d *scriptedDaemon) request(i int) *informerdv1.WatchRequest {
 }
 
 // serveScripted serves d on a Unix socket and returns a Client of it.
-func serveScripted(t *testing.T, d *scriptedDaemon) *Client {
+func serveScripted(t *testing.T, d informerdv1.InformerServiceServer) *Client {
 	t.Helper()
 	socket := filepath.Join(t.TempDir(), "d.sock")
 	l, err := net.Listen("unix", socket)

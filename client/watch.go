@@ -31,6 +31,16 @@ type Backoff struct {
 	Max time.Duration
 }
 
+func (b Backoff) withDefaults() Backoff {
+	if b.Initial <= 0 {
+		b.Initial = 100 * time.Millisecond
+	}
+	if b.Max <= 0 {
+		b.Max = 10 * time.Second
+	}
+	return b
+}
+
 // WatcherOptions configure a Watcher. Zero values take the defaults.
 type WatcherOptions struct {
 	// Backoff between reconnects.
@@ -77,12 +87,7 @@ type SyncedHandler interface {
 // NewWatcher returns a Watcher of opts that calls h (and h.OnSynced, if h
 // is a SyncedHandler).
 func NewWatcher(c *Client, opts WatchOptions, h toolscache.ResourceEventHandler, o WatcherOptions) *Watcher {
-	if o.Backoff.Initial <= 0 {
-		o.Backoff.Initial = 100 * time.Millisecond
-	}
-	if o.Backoff.Max <= 0 {
-		o.Backoff.Max = 10 * time.Second
-	}
+	o.Backoff = o.Backoff.withDefaults()
 	indexers := toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc}
 	for k, f := range o.Indexers {
 		indexers[k] = f
@@ -140,17 +145,25 @@ func terminal(err error) bool {
 // that retrying cannot fix: a gRPC status error from the daemon, a
 // DecodeError, or ErrSocketPermission.
 func (w *Watcher) Run(ctx context.Context) error {
-	bo := backoff.Backoff{Initial: w.o.Backoff.Initial, Max: w.o.Backoff.Max}
+	return w.c.retry(ctx, w.o.Backoff, w.o.OnError, w.runOnce)
+}
+
+// retry runs once until ctx ends (returning nil) or once fails in a way
+// that retrying cannot fix (returning the error). It hands other errors to
+// onError, if set, and waits with jittered exponential backoff between
+// attempts, starting over after one that made progress.
+func (c *Client) retry(ctx context.Context, b Backoff, onError func(error), once func(context.Context) (progressed bool, err error)) error {
+	bo := backoff.Backoff{Initial: b.Initial, Max: b.Max}
 	for ctx.Err() == nil {
-		progressed, err := w.runOnce(ctx)
+		progressed, err := once(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err = w.c.explain(err); terminal(err) {
+		if err = c.explain(err); terminal(err) {
 			return err
 		}
-		if w.o.OnError != nil {
-			w.o.OnError(err)
+		if onError != nil {
+			onError(err)
 		}
 		if progressed {
 			bo.Reset()

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/informerd/informerd/address"
 	"github.com/informerd/informerd/cache"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
@@ -34,6 +35,9 @@ type Options struct {
 	// UNAVAILABLE: a live client resumes where it was, and a stuck one
 	// holds nothing of the daemon's beyond it. Default 1m.
 	WriteTimeout time.Duration
+	// AddressRelated are the related kinds whose objects WatchAddress
+	// answers list. Default none.
+	AddressRelated []address.RelatedKind
 	// Logger. Default slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the metrics. Default: none are registered.
@@ -50,6 +54,9 @@ type Server struct {
 	// shutdown ends every stream when cancelled.
 	shutdown       context.Context
 	cancelShutdown context.CancelFunc
+	// addresses answers WatchAddress; addressReads are what it reads.
+	addresses    *address.Tracker
+	addressReads []access
 }
 
 var _ informerdv1.InformerServiceServer = (*Server)(nil)
@@ -73,6 +80,10 @@ func New(opts Options) (*Server, error) {
 		opts.Logger = slog.Default()
 	}
 	s := &Server{opts: opts, log: opts.Logger, metrics: newMetrics(opts.Registerer)}
+	var err error
+	if s.addresses, s.addressReads, err = newAddresses(opts); err != nil {
+		return nil, err
+	}
 	s.shutdown, s.cancelShutdown = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -94,12 +105,10 @@ func (s *Server) Shutdown() { s.cancelShutdown() }
 func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.InformerService_WatchServer) error {
 	creq, view, err := validateWatch(req)
 	if err != nil {
-		s.metrics.requestErrors.WithLabelValues(codes.InvalidArgument.String()).Inc()
-		return err
+		return s.badRequest(err)
 	}
-	ctx, cancel := context.WithCancel(stream.Context())
+	ctx, cancel := s.requestContext(stream.Context())
 	defer cancel()
-	defer context.AfterFunc(s.shutdown, cancel)()
 
 	sub, err := s.opts.Cache.Subscribe(ctx, creq)
 	if err != nil {
@@ -146,19 +155,20 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 
 // sender owns a stream's SendMsg, in a goroutine of its own, so that the
 // handler notices a client that stops reading: HTTP/2 flow control then
-// blocks SendMsg, and a batch not taken within the write timeout ends the
-// stream. It holds at most the one batch it is sending.
+// blocks SendMsg, and a message not taken within the write timeout ends
+// the stream. It holds at most the one message it is sending (a batch of
+// frames, or an address answer).
 type sender struct {
 	stream  grpc.ServerStream
 	timeout time.Duration
-	batches chan frames // unbuffered: taken when the previous send is done
-	failed  chan error  // the send error that ended the goroutine
+	batches chan any   // unbuffered: taken when the previous send is done
+	failed  chan error // the send error that ended the goroutine
 	done    chan struct{}
 	stuck   bool // a send timed out
 }
 
 func startSender(stream grpc.ServerStream, timeout time.Duration) *sender {
-	s := &sender{stream: stream, timeout: timeout, batches: make(chan frames), failed: make(chan error, 1), done: make(chan struct{})}
+	s := &sender{stream: stream, timeout: timeout, batches: make(chan any), failed: make(chan error, 1), done: make(chan struct{})}
 	go s.loop()
 	return s
 }
@@ -174,9 +184,9 @@ func (s *sender) loop() {
 }
 
 // send hands b to the sending goroutine once it has sent the previous
-// batch. It fails with errWriteTimeout when that takes longer than the
+// message. It fails with errWriteTimeout when that takes longer than the
 // write timeout, with the error of a failed send, or with ctx's.
-func (s *sender) send(ctx context.Context, b frames) error {
+func (s *sender) send(ctx context.Context, b any) error {
 	t := time.NewTimer(s.timeout)
 	defer t.Stop()
 	select {
@@ -207,6 +217,20 @@ func (s *sender) close() {
 	case <-s.done:
 	case <-t.C:
 	}
+}
+
+// badRequest counts and returns a request's INVALID_ARGUMENT status.
+func (s *Server) badRequest(err error) error {
+	s.metrics.requestErrors.WithLabelValues(codes.InvalidArgument.String()).Inc()
+	return err
+}
+
+// requestContext returns the context of a request's work: ended when the
+// client leaves, when cancel is called, or when the daemon shuts down.
+func (s *Server) requestContext(client context.Context) (ctx context.Context, cancel func()) {
+	ctx, cancelCtx := context.WithCancel(client)
+	stop := context.AfterFunc(s.shutdown, cancelCtx)
+	return ctx, func() { stop(); cancelCtx() }
 }
 
 // endStream maps the error that ended a stream, telling a shutdown apart
@@ -279,9 +303,8 @@ func (s *Server) Get(ctx context.Context, req *informerdv1.GetRequest) (*informe
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := s.requestContext(ctx)
 	defer cancel()
-	defer context.AfterFunc(s.shutdown, cancel)()
 	o, err := s.opts.Cache.Get(ctx, creq, name)
 	if err != nil {
 		return nil, s.endStream(ctx, err)

@@ -2,10 +2,14 @@
 //
 //	informerctl [-address A] informers            list informers, holders and lag
 //	informerctl [-address A] watch -resource R    stream changes of a resource
+//	informerctl [-address A] address IP:PORT [-w] who is behind an address
 //
 // watch prints one tab-separated line per change (ADDED, MODIFIED or
 // DELETED, the object's key, its resourceVersion) and SYNCED once the
 // snapshot is complete, until it is stopped.
+//
+// address prints the answer for an address as one line (see printAnswer)
+// and, with -w, one line per change until it is stopped.
 package main
 
 import (
@@ -41,7 +45,7 @@ func run(args []string) error {
 		return err
 	}
 	if fs.NArg() == 0 {
-		return errors.New("missing command: informers or watch")
+		return errors.New("missing command: informers, watch or address")
 	}
 	c, err := client.Dial(*address)
 	if err != nil {
@@ -55,8 +59,10 @@ func run(args []string) error {
 		return informers(ctx, c)
 	case "watch":
 		return watchCmd(ctx, c, fs.Args()[1:])
+	case "address":
+		return addressCmd(ctx, c, fs.Args()[1:], os.Stdout)
 	default:
-		return fmt.Errorf("unknown command %q: want informers or watch", cmd)
+		return fmt.Errorf("unknown command %q: want informers, watch or address", cmd)
 	}
 }
 

@@ -57,6 +57,7 @@ type config struct {
 	maxPerCaller    int
 	maxLogBytesAll  int64
 	writeTimeout    time.Duration
+	addressRelated  relatedKinds
 }
 
 func main() {
@@ -103,6 +104,8 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.maxPerCaller, "max-informers-per-caller", 64, "distinct informers one caller's streams may hold at once")
 	fs.Int64Var(&c.maxLogBytesAll, "max-log-bytes-total", 1<<30, "object bytes all informers' logs may hold together (each also -log-max-bytes)")
 	fs.DurationVar(&c.writeTimeout, "stream-write-timeout", time.Minute, "a stream whose client reads nothing for this long is ended (UNAVAILABLE; the client resumes)")
+	fs.Var(&c.addressRelated, "address-related", "a related kind for WatchAddress answers, repeatable: RESOURCE.VERSION[.GROUP],selector=PATH[,port=PATH][,field=PATH]...,\n"+
+		"for example servers.v1beta3.policy.linkerd.io,selector=spec.podSelector,port=spec.port,field=spec.proxyProtocol")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -217,7 +220,7 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		return err
 	}
 	defer mgr.Close()
-	srv, err := daemon.New(daemon.Options{Cache: mgr, WriteTimeout: c.writeTimeout, Logger: log, Registerer: reg})
+	srv, err := daemon.New(daemon.Options{Cache: mgr, WriteTimeout: c.writeTimeout, AddressRelated: c.addressRelated, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
 	}

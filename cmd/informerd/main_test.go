@@ -3,10 +3,14 @@ package main
 import (
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
+
+	"github.com/informerd/informerd/address"
 )
 
 func TestParseFlagsNamesTheBadFlag(t *testing.T) {
@@ -34,6 +38,12 @@ func TestParseFlagsNamesTheBadFlag(t *testing.T) {
 		{[]string{"-max-informers-per-caller", "-1"}, "-max-informers-per-caller"},
 		{[]string{"-max-log-bytes-total", "0"}, "-max-log-bytes-total"},
 		{[]string{"-stream-write-timeout", "0s"}, "-stream-write-timeout"},
+		{[]string{"-address-related", "servers.v1beta3.policy.linkerd.io,selector=spec.podSelector,port=spec.port,field=spec.proxyProtocol",
+			"-address-related", "networkpolicies.v1.networking.k8s.io,selector=spec.podSelector"}, ""},
+		{[]string{"-address-related", "servers,selector=spec.podSelector"}, "address-related"},
+		{[]string{"-address-related", "servers.v1.policy"}, "selector=PATH is required"},
+		{[]string{"-address-related", "servers.v1.policy,selector=spec.podSelector,colour=blue"}, "unknown key"},
+		{[]string{"-address-related", "servers.v1.policy,selector"}, "address-related"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -68,5 +78,22 @@ func TestReadyzFollowsTheAPIServer(t *testing.T) {
 	api.Close()
 	if got := probe(); got != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz with the API server down = %d, want 503", got)
+	}
+}
+
+func TestAddressRelatedFlag(t *testing.T) {
+	c, err := parseFlags([]string{"-address-related", "servers.v1beta3.policy.linkerd.io,selector=spec.podSelector,port=spec.port,field=spec.proxyProtocol,field=spec.accessPolicy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := address.RelatedKind{
+		Resource:     schema.GroupVersionResource{Group: "policy.linkerd.io", Version: "v1beta3", Resource: "servers"},
+		SelectorPath: "spec.podSelector", PortPath: "spec.port", Fields: []string{"spec.proxyProtocol", "spec.accessPolicy"},
+	}
+	if len(c.addressRelated) != 1 || !reflect.DeepEqual(c.addressRelated[0], want) {
+		t.Fatalf("parsed %+v, want %+v", c.addressRelated, want)
+	}
+	if got := c.addressRelated.String(); got != "servers.v1beta3.policy.linkerd.io,selector=spec.podSelector,port=spec.port,field=spec.proxyProtocol,field=spec.accessPolicy" {
+		t.Fatalf("String() = %s", got)
 	}
 }

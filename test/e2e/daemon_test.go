@@ -32,15 +32,15 @@ type testDaemon struct {
 }
 
 // startDaemon starts a daemon on a new socket; see startDaemonAt.
-func startDaemon(t *testing.T, opts cache.Options) *testDaemon {
+func startDaemon(t *testing.T, opts cache.Options, configure ...func(*daemon.Options)) *testDaemon {
 	t.Helper()
-	return startDaemonAt(t, filepath.Join(t.TempDir(), "informerd.sock"), opts)
+	return startDaemonAt(t, filepath.Join(t.TempDir(), "informerd.sock"), opts, configure...)
 }
 
 // startDaemonAt starts a daemon with opts (Config defaults to the admin's)
 // on socket, and stops it when the test ends: listeners, then streams, then
-// informers.
-func startDaemonAt(t *testing.T, socket string, opts cache.Options) *testDaemon {
+// informers. Each configure func may change the daemon's Options.
+func startDaemonAt(t *testing.T, socket string, opts cache.Options, configure ...func(*daemon.Options)) *testDaemon {
 	t.Helper()
 	if opts.Config == nil {
 		opts.Config = env.RESTConfig()
@@ -50,7 +50,11 @@ func startDaemonAt(t *testing.T, socket string, opts cache.Options) *testDaemon 
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := daemon.New(daemon.Options{Cache: mgr, Logger: opts.Logger})
+	dopts := daemon.Options{Cache: mgr, Logger: opts.Logger}
+	for _, f := range configure {
+		f(&dopts)
+	}
+	srv, err := daemon.New(dopts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,31 +19,38 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
+// binary is a command of this module, built once per test binary.
+type binary struct {
+	pkg  string
+	once sync.Once
+	path string
+	err  error
+}
+
 var (
-	buildOnce    sync.Once
-	informerdBin string
-	buildErr     error
+	informerdBin   = &binary{pkg: "github.com/informerd/informerd/cmd/informerd"}
+	informerctlBin = &binary{pkg: "github.com/informerd/informerd/cmd/informerctl"}
 )
 
-// informerdBinary builds cmd/informerd once per test binary.
-func informerdBinary(t *testing.T) string {
+// build returns the path of the built command.
+func (b *binary) build(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
+	b.once.Do(func() {
 		dir, err := os.MkdirTemp("", "informerd-e2e-bin-")
 		if err != nil {
-			buildErr = err
+			b.err = err
 			return
 		}
-		informerdBin = filepath.Join(dir, "informerd")
-		out, err := exec.Command("go", "build", "-o", informerdBin, "github.com/informerd/informerd/cmd/informerd").CombinedOutput()
+		b.path = filepath.Join(dir, filepath.Base(b.pkg))
+		out, err := exec.Command("go", "build", "-o", b.path, b.pkg).CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("building informerd: %w\n%s", err, out)
+			b.err = fmt.Errorf("building %s: %w\n%s", b.pkg, err, out)
 		}
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return informerdBin
+	return b.path
 }
 
 // daemonProc is informerd running as its own process, as in production.
@@ -75,7 +82,7 @@ func startDaemonProcess(t *testing.T, socket string, flags ...string) *daemonPro
 
 func (d *daemonProc) start() {
 	d.t.Helper()
-	d.cmd = exec.Command(informerdBinary(d.t), d.args...)
+	d.cmd = exec.Command(informerdBin.build(d.t), d.args...)
 	d.cmd.Stdout, d.cmd.Stderr = os.Stderr, os.Stderr
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := d.cmd.Start(); err != nil {

@@ -204,6 +204,60 @@ func (EventType) EnumDescriptor() ([]byte, []int) {
 	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{2}
 }
 
+// AddressMatch says how the pod behind an address was found.
+type AddressMatch int32
+
+const (
+	// ADDRESS_MATCH_UNSPECIFIED means that no pod is behind the address.
+	AddressMatch_ADDRESS_MATCH_UNSPECIFIED AddressMatch = 0
+	// ADDRESS_MATCH_POD_IP: the address's IP is the pod's IP (any port).
+	AddressMatch_ADDRESS_MATCH_POD_IP AddressMatch = 1
+	// ADDRESS_MATCH_HOST_PORT: the address is a host IP of the pod and a
+	// hostPort it declares (or a port of a host-network pod).
+	AddressMatch_ADDRESS_MATCH_HOST_PORT AddressMatch = 2
+)
+
+// Enum value maps for AddressMatch.
+var (
+	AddressMatch_name = map[int32]string{
+		0: "ADDRESS_MATCH_UNSPECIFIED",
+		1: "ADDRESS_MATCH_POD_IP",
+		2: "ADDRESS_MATCH_HOST_PORT",
+	}
+	AddressMatch_value = map[string]int32{
+		"ADDRESS_MATCH_UNSPECIFIED": 0,
+		"ADDRESS_MATCH_POD_IP":      1,
+		"ADDRESS_MATCH_HOST_PORT":   2,
+	}
+)
+
+func (x AddressMatch) Enum() *AddressMatch {
+	p := new(AddressMatch)
+	*p = x
+	return p
+}
+
+func (x AddressMatch) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AddressMatch) Descriptor() protoreflect.EnumDescriptor {
+	return file_informerd_v1_informerd_proto_enumTypes[3].Descriptor()
+}
+
+func (AddressMatch) Type() protoreflect.EnumType {
+	return &file_informerd_v1_informerd_proto_enumTypes[3]
+}
+
+func (x AddressMatch) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AddressMatch.Descriptor instead.
+func (AddressMatch) EnumDescriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{3}
+}
+
 // GroupVersionResource names a Kubernetes resource, as in an API path.
 type GroupVersionResource struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -916,6 +970,497 @@ func (x *Informer) GetEncoding() Encoding {
 	return Encoding_ENCODING_UNSPECIFIED
 }
 
+// WatchAddressRequest names the address to watch.
+type WatchAddressRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ip is an IPv4 or IPv6 address in text form, for example "10.244.0.7".
+	Ip string `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"`
+	// port is the port number, 1 to 65535.
+	Port uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// label_keys are the pod labels the answer carries; changes to other
+	// labels are not changes of the answer.
+	LabelKeys []string `protobuf:"bytes,3,rep,name=label_keys,json=labelKeys,proto3" json:"label_keys,omitempty"`
+	// client_name identifies the caller in logs.
+	ClientName    string `protobuf:"bytes,4,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchAddressRequest) Reset() {
+	*x = WatchAddressRequest{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchAddressRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchAddressRequest) ProtoMessage() {}
+
+func (x *WatchAddressRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchAddressRequest.ProtoReflect.Descriptor instead.
+func (*WatchAddressRequest) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *WatchAddressRequest) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *WatchAddressRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *WatchAddressRequest) GetLabelKeys() []string {
+	if x != nil {
+		return x.LabelKeys
+	}
+	return nil
+}
+
+func (x *WatchAddressRequest) GetClientName() string {
+	if x != nil {
+		return x.ClientName
+	}
+	return ""
+}
+
+// WatchAddressResponse is the answer for the address; no two messages in a
+// row on a stream carry the same answer.
+type WatchAddressResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// pod is the pod behind the address; absent when no pod is.
+	Pod *AddressPod `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
+	// match says how pod was found.
+	Match AddressMatch `protobuf:"varint,2,opt,name=match,proto3,enum=informerd.v1.AddressMatch" json:"match,omitempty"`
+	// port is the pod's declared container port for the address; absent when
+	// the pod declares none for it.
+	Port *AddressPort `protobuf:"bytes,3,opt,name=port,proto3" json:"port,omitempty"`
+	// related are the related objects that select the pod and port, in the
+	// order of the daemon's related kinds, then by namespace and name.
+	Related []*RelatedObject `protobuf:"bytes,4,rep,name=related,proto3" json:"related,omitempty"`
+	// claimants is how many pods claim the address; more than one is a
+	// conflict, which the daemon resolves as docs/address.md says.
+	Claimants     uint32 `protobuf:"varint,5,opt,name=claimants,proto3" json:"claimants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchAddressResponse) Reset() {
+	*x = WatchAddressResponse{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchAddressResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchAddressResponse) ProtoMessage() {}
+
+func (x *WatchAddressResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchAddressResponse.ProtoReflect.Descriptor instead.
+func (*WatchAddressResponse) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *WatchAddressResponse) GetPod() *AddressPod {
+	if x != nil {
+		return x.Pod
+	}
+	return nil
+}
+
+func (x *WatchAddressResponse) GetMatch() AddressMatch {
+	if x != nil {
+		return x.Match
+	}
+	return AddressMatch_ADDRESS_MATCH_UNSPECIFIED
+}
+
+func (x *WatchAddressResponse) GetPort() *AddressPort {
+	if x != nil {
+		return x.Port
+	}
+	return nil
+}
+
+func (x *WatchAddressResponse) GetRelated() []*RelatedObject {
+	if x != nil {
+		return x.Related
+	}
+	return nil
+}
+
+func (x *WatchAddressResponse) GetClaimants() uint32 {
+	if x != nil {
+		return x.Claimants
+	}
+	return 0
+}
+
+// AddressPod is the identity and state of the pod behind an address.
+type AddressPod struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// namespace is the pod's namespace.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// name is the pod's name.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// uid is the pod's UID; a pod replaced under the same name has a new one.
+	Uid string `protobuf:"bytes,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	// owner is the pod's controller (for example a ReplicaSet); absent when
+	// it has none.
+	Owner *PodOwner `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
+	// service_account is the pod's ServiceAccount name.
+	ServiceAccount string `protobuf:"bytes,5,opt,name=service_account,json=serviceAccount,proto3" json:"service_account,omitempty"`
+	// labels are the pod's labels among the request's label_keys.
+	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// phase is the pod's phase: "Pending" or "Running".
+	Phase string `protobuf:"bytes,7,opt,name=phase,proto3" json:"phase,omitempty"`
+	// ready is true when the pod is Running and its Ready condition is True.
+	Ready         bool `protobuf:"varint,8,opt,name=ready,proto3" json:"ready,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddressPod) Reset() {
+	*x = AddressPod{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddressPod) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddressPod) ProtoMessage() {}
+
+func (x *AddressPod) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddressPod.ProtoReflect.Descriptor instead.
+func (*AddressPod) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *AddressPod) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *AddressPod) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AddressPod) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+func (x *AddressPod) GetOwner() *PodOwner {
+	if x != nil {
+		return x.Owner
+	}
+	return nil
+}
+
+func (x *AddressPod) GetServiceAccount() string {
+	if x != nil {
+		return x.ServiceAccount
+	}
+	return ""
+}
+
+func (x *AddressPod) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *AddressPod) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *AddressPod) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+// PodOwner is the controller of a pod, from its ownerReferences.
+type PodOwner struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// api_version is the owner's apiVersion, for example "apps/v1".
+	ApiVersion string `protobuf:"bytes,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	// kind is the owner's kind, for example "ReplicaSet".
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// name is the owner's name.
+	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodOwner) Reset() {
+	*x = PodOwner{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodOwner) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodOwner) ProtoMessage() {}
+
+func (x *PodOwner) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodOwner.ProtoReflect.Descriptor instead.
+func (*PodOwner) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PodOwner) GetApiVersion() string {
+	if x != nil {
+		return x.ApiVersion
+	}
+	return ""
+}
+
+func (x *PodOwner) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *PodOwner) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// AddressPort is a container port that a pod declares.
+type AddressPort struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// container is the name of the container that declares the port.
+	Container string `protobuf:"bytes,1,opt,name=container,proto3" json:"container,omitempty"`
+	// name is the port's name; empty when it has none.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// container_port is the port number in the pod.
+	ContainerPort uint32 `protobuf:"varint,3,opt,name=container_port,json=containerPort,proto3" json:"container_port,omitempty"`
+	// host_port is the port on the host; 0 when the port is not exposed there.
+	HostPort uint32 `protobuf:"varint,4,opt,name=host_port,json=hostPort,proto3" json:"host_port,omitempty"`
+	// protocol is "TCP", "UDP" or "SCTP".
+	Protocol      string `protobuf:"bytes,5,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddressPort) Reset() {
+	*x = AddressPort{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddressPort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddressPort) ProtoMessage() {}
+
+func (x *AddressPort) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddressPort.ProtoReflect.Descriptor instead.
+func (*AddressPort) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *AddressPort) GetContainer() string {
+	if x != nil {
+		return x.Container
+	}
+	return ""
+}
+
+func (x *AddressPort) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AddressPort) GetContainerPort() uint32 {
+	if x != nil {
+		return x.ContainerPort
+	}
+	return 0
+}
+
+func (x *AddressPort) GetHostPort() uint32 {
+	if x != nil {
+		return x.HostPort
+	}
+	return 0
+}
+
+func (x *AddressPort) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+// RelatedObject is an object of a related kind that selects the pod and
+// port behind an address.
+type RelatedObject struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// resource is the object's resource.
+	Resource *GroupVersionResource `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	// namespace is the object's namespace; empty for a cluster-scoped object.
+	Namespace string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// name is the object's name.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// fields maps each projected field path the object has to its value in
+	// JSON.
+	Fields        map[string]string `protobuf:"bytes,4,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelatedObject) Reset() {
+	*x = RelatedObject{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelatedObject) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelatedObject) ProtoMessage() {}
+
+func (x *RelatedObject) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelatedObject.ProtoReflect.Descriptor instead.
+func (*RelatedObject) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RelatedObject) GetResource() *GroupVersionResource {
+	if x != nil {
+		return x.Resource
+	}
+	return nil
+}
+
+func (x *RelatedObject) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *RelatedObject) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RelatedObject) GetFields() map[string]string {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
 var File_informerd_v1_informerd_proto protoreflect.FileDescriptor
 
 const file_informerd_v1_informerd_proto_rawDesc = "" +
@@ -974,7 +1519,52 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x0emax_lag_events\x18\n" +
 	" \x01(\x03R\fmaxLagEvents\x12\x18\n" +
 	"\amessage\x18\v \x01(\tR\amessage\x122\n" +
-	"\bencoding\x18\f \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding*N\n" +
+	"\bencoding\x18\f \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding\"y\n" +
+	"\x13WatchAddressRequest\x12\x0e\n" +
+	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1d\n" +
+	"\n" +
+	"label_keys\x18\x03 \x03(\tR\tlabelKeys\x12\x1f\n" +
+	"\vclient_name\x18\x04 \x01(\tR\n" +
+	"clientName\"\xf8\x01\n" +
+	"\x14WatchAddressResponse\x12*\n" +
+	"\x03pod\x18\x01 \x01(\v2\x18.informerd.v1.AddressPodR\x03pod\x120\n" +
+	"\x05match\x18\x02 \x01(\x0e2\x1a.informerd.v1.AddressMatchR\x05match\x12-\n" +
+	"\x04port\x18\x03 \x01(\v2\x19.informerd.v1.AddressPortR\x04port\x125\n" +
+	"\arelated\x18\x04 \x03(\v2\x1b.informerd.v1.RelatedObjectR\arelated\x12\x1c\n" +
+	"\tclaimants\x18\x05 \x01(\rR\tclaimants\"\xcc\x02\n" +
+	"\n" +
+	"AddressPod\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\tR\x03uid\x12,\n" +
+	"\x05owner\x18\x04 \x01(\v2\x16.informerd.v1.PodOwnerR\x05owner\x12'\n" +
+	"\x0fservice_account\x18\x05 \x01(\tR\x0eserviceAccount\x12<\n" +
+	"\x06labels\x18\x06 \x03(\v2$.informerd.v1.AddressPod.LabelsEntryR\x06labels\x12\x14\n" +
+	"\x05phase\x18\a \x01(\tR\x05phase\x12\x14\n" +
+	"\x05ready\x18\b \x01(\bR\x05ready\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"S\n" +
+	"\bPodOwner\x12\x1f\n" +
+	"\vapi_version\x18\x01 \x01(\tR\n" +
+	"apiVersion\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"\x9f\x01\n" +
+	"\vAddressPort\x12\x1c\n" +
+	"\tcontainer\x18\x01 \x01(\tR\tcontainer\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12%\n" +
+	"\x0econtainer_port\x18\x03 \x01(\rR\rcontainerPort\x12\x1b\n" +
+	"\thost_port\x18\x04 \x01(\rR\bhostPort\x12\x1a\n" +
+	"\bprotocol\x18\x05 \x01(\tR\bprotocol\"\xfd\x01\n" +
+	"\rRelatedObject\x12>\n" +
+	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12?\n" +
+	"\x06fields\x18\x04 \x03(\v2'.informerd.v1.RelatedObject.FieldsEntryR\x06fields\x1a9\n" +
+	"\vFieldsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*N\n" +
 	"\bEncoding\x12\x18\n" +
 	"\x14ENCODING_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rENCODING_JSON\x10\x01\x12\x15\n" +
@@ -990,11 +1580,16 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x12EVENT_TYPE_DELETED\x10\x03\x12\x17\n" +
 	"\x13EVENT_TYPE_BOOKMARK\x10\x04\x12\x15\n" +
 	"\x11EVENT_TYPE_SYNCED\x10\x05\x12\x14\n" +
-	"\x10EVENT_TYPE_RESET\x10\x062\xeb\x01\n" +
+	"\x10EVENT_TYPE_RESET\x10\x06*d\n" +
+	"\fAddressMatch\x12\x1d\n" +
+	"\x19ADDRESS_MATCH_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14ADDRESS_MATCH_POD_IP\x10\x01\x12\x1b\n" +
+	"\x17ADDRESS_MATCH_HOST_PORT\x10\x022\xc4\x02\n" +
 	"\x0fInformerService\x12B\n" +
 	"\x05Watch\x12\x1a.informerd.v1.WatchRequest\x1a\x1b.informerd.v1.WatchResponse0\x01\x12X\n" +
 	"\rListInformers\x12\".informerd.v1.ListInformersRequest\x1a#.informerd.v1.ListInformersResponse\x12:\n" +
-	"\x03Get\x12\x18.informerd.v1.GetRequest\x1a\x19.informerd.v1.GetResponseB?Z=github.com/informerd/informerd/proto/informerd/v1;informerdv1b\x06proto3"
+	"\x03Get\x12\x18.informerd.v1.GetRequest\x1a\x19.informerd.v1.GetResponse\x12W\n" +
+	"\fWatchAddress\x12!.informerd.v1.WatchAddressRequest\x1a\".informerd.v1.WatchAddressResponse0\x01B?Z=github.com/informerd/informerd/proto/informerd/v1;informerdv1b\x06proto3"
 
 var (
 	file_informerd_v1_informerd_proto_rawDescOnce sync.Once
@@ -1008,45 +1603,64 @@ func file_informerd_v1_informerd_proto_rawDescGZIP() []byte {
 	return file_informerd_v1_informerd_proto_rawDescData
 }
 
-var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_informerd_v1_informerd_proto_goTypes = []any{
 	(Encoding)(0),                 // 0: informerd.v1.Encoding
 	(View)(0),                     // 1: informerd.v1.View
 	(EventType)(0),                // 2: informerd.v1.EventType
-	(*GroupVersionResource)(nil),  // 3: informerd.v1.GroupVersionResource
-	(*WatchRequest)(nil),          // 4: informerd.v1.WatchRequest
-	(*GetRequest)(nil),            // 5: informerd.v1.GetRequest
-	(*GetResponse)(nil),           // 6: informerd.v1.GetResponse
-	(*WatchResponse)(nil),         // 7: informerd.v1.WatchResponse
-	(*Event)(nil),                 // 8: informerd.v1.Event
-	(*ListInformersRequest)(nil),  // 9: informerd.v1.ListInformersRequest
-	(*ListInformersResponse)(nil), // 10: informerd.v1.ListInformersResponse
-	(*Informer)(nil),              // 11: informerd.v1.Informer
+	(AddressMatch)(0),             // 3: informerd.v1.AddressMatch
+	(*GroupVersionResource)(nil),  // 4: informerd.v1.GroupVersionResource
+	(*WatchRequest)(nil),          // 5: informerd.v1.WatchRequest
+	(*GetRequest)(nil),            // 6: informerd.v1.GetRequest
+	(*GetResponse)(nil),           // 7: informerd.v1.GetResponse
+	(*WatchResponse)(nil),         // 8: informerd.v1.WatchResponse
+	(*Event)(nil),                 // 9: informerd.v1.Event
+	(*ListInformersRequest)(nil),  // 10: informerd.v1.ListInformersRequest
+	(*ListInformersResponse)(nil), // 11: informerd.v1.ListInformersResponse
+	(*Informer)(nil),              // 12: informerd.v1.Informer
+	(*WatchAddressRequest)(nil),   // 13: informerd.v1.WatchAddressRequest
+	(*WatchAddressResponse)(nil),  // 14: informerd.v1.WatchAddressResponse
+	(*AddressPod)(nil),            // 15: informerd.v1.AddressPod
+	(*PodOwner)(nil),              // 16: informerd.v1.PodOwner
+	(*AddressPort)(nil),           // 17: informerd.v1.AddressPort
+	(*RelatedObject)(nil),         // 18: informerd.v1.RelatedObject
+	nil,                           // 19: informerd.v1.AddressPod.LabelsEntry
+	nil,                           // 20: informerd.v1.RelatedObject.FieldsEntry
 }
 var file_informerd_v1_informerd_proto_depIdxs = []int32{
-	3,  // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
+	4,  // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
 	1,  // 1: informerd.v1.WatchRequest.view:type_name -> informerd.v1.View
 	0,  // 2: informerd.v1.WatchRequest.encoding:type_name -> informerd.v1.Encoding
-	3,  // 3: informerd.v1.GetRequest.resource:type_name -> informerd.v1.GroupVersionResource
+	4,  // 3: informerd.v1.GetRequest.resource:type_name -> informerd.v1.GroupVersionResource
 	1,  // 4: informerd.v1.GetRequest.view:type_name -> informerd.v1.View
 	0,  // 5: informerd.v1.GetRequest.encoding:type_name -> informerd.v1.Encoding
-	8,  // 6: informerd.v1.WatchResponse.events:type_name -> informerd.v1.Event
+	9,  // 6: informerd.v1.WatchResponse.events:type_name -> informerd.v1.Event
 	2,  // 7: informerd.v1.Event.type:type_name -> informerd.v1.EventType
-	11, // 8: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
-	3,  // 9: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
+	12, // 8: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
+	4,  // 9: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
 	0,  // 10: informerd.v1.Informer.encoding:type_name -> informerd.v1.Encoding
-	4,  // 11: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
-	9,  // 12: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
-	5,  // 13: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
-	7,  // 14: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
-	10, // 15: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
-	6,  // 16: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
-	14, // [14:17] is the sub-list for method output_type
-	11, // [11:14] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	15, // 11: informerd.v1.WatchAddressResponse.pod:type_name -> informerd.v1.AddressPod
+	3,  // 12: informerd.v1.WatchAddressResponse.match:type_name -> informerd.v1.AddressMatch
+	17, // 13: informerd.v1.WatchAddressResponse.port:type_name -> informerd.v1.AddressPort
+	18, // 14: informerd.v1.WatchAddressResponse.related:type_name -> informerd.v1.RelatedObject
+	16, // 15: informerd.v1.AddressPod.owner:type_name -> informerd.v1.PodOwner
+	19, // 16: informerd.v1.AddressPod.labels:type_name -> informerd.v1.AddressPod.LabelsEntry
+	4,  // 17: informerd.v1.RelatedObject.resource:type_name -> informerd.v1.GroupVersionResource
+	20, // 18: informerd.v1.RelatedObject.fields:type_name -> informerd.v1.RelatedObject.FieldsEntry
+	5,  // 19: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
+	10, // 20: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
+	6,  // 21: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
+	13, // 22: informerd.v1.InformerService.WatchAddress:input_type -> informerd.v1.WatchAddressRequest
+	8,  // 23: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
+	11, // 24: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
+	7,  // 25: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
+	14, // 26: informerd.v1.InformerService.WatchAddress:output_type -> informerd.v1.WatchAddressResponse
+	23, // [23:27] is the sub-list for method output_type
+	19, // [19:23] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_informerd_v1_informerd_proto_init() }
@@ -1059,8 +1673,8 @@ func file_informerd_v1_informerd_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_informerd_v1_informerd_proto_rawDesc), len(file_informerd_v1_informerd_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   9,
+			NumEnums:      4,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ const (
 	InformerService_Watch_FullMethodName         = "/informerd.v1.InformerService/Watch"
 	InformerService_ListInformers_FullMethodName = "/informerd.v1.InformerService/ListInformers"
 	InformerService_Get_FullMethodName           = "/informerd.v1.InformerService/Get"
+	InformerService_WatchAddress_FullMethodName  = "/informerd.v1.InformerService/WatchAddress"
 )
 
 // InformerServiceClient is the client API for InformerService service.
@@ -39,6 +40,11 @@ type InformerServiceClient interface {
 	// informer that serves its resource (started, or kept lingering, as for
 	// a Watch).
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
+	// WatchAddress streams who is behind an IP and port: the pod found by its
+	// pod IP, or by a host IP and hostPort, and the related objects that
+	// select it; the first message is the current answer, and each later one
+	// is sent only when the answer changed.
+	WatchAddress(ctx context.Context, in *WatchAddressRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchAddressResponse], error)
 }
 
 type informerServiceClient struct {
@@ -88,6 +94,25 @@ func (c *informerServiceClient) Get(ctx context.Context, in *GetRequest, opts ..
 	return out, nil
 }
 
+func (c *informerServiceClient) WatchAddress(ctx context.Context, in *WatchAddressRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchAddressResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &InformerService_ServiceDesc.Streams[1], InformerService_WatchAddress_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchAddressRequest, WatchAddressResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InformerService_WatchAddressClient = grpc.ServerStreamingClient[WatchAddressResponse]
+
 // InformerServiceServer is the server API for InformerService service.
 // All implementations must embed UnimplementedInformerServiceServer
 // for forward compatibility.
@@ -103,6 +128,11 @@ type InformerServiceServer interface {
 	// informer that serves its resource (started, or kept lingering, as for
 	// a Watch).
 	Get(context.Context, *GetRequest) (*GetResponse, error)
+	// WatchAddress streams who is behind an IP and port: the pod found by its
+	// pod IP, or by a host IP and hostPort, and the related objects that
+	// select it; the first message is the current answer, and each later one
+	// is sent only when the answer changed.
+	WatchAddress(*WatchAddressRequest, grpc.ServerStreamingServer[WatchAddressResponse]) error
 	mustEmbedUnimplementedInformerServiceServer()
 }
 
@@ -121,6 +151,9 @@ func (UnimplementedInformerServiceServer) ListInformers(context.Context, *ListIn
 }
 func (UnimplementedInformerServiceServer) Get(context.Context, *GetRequest) (*GetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Get not implemented")
+}
+func (UnimplementedInformerServiceServer) WatchAddress(*WatchAddressRequest, grpc.ServerStreamingServer[WatchAddressResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchAddress not implemented")
 }
 func (UnimplementedInformerServiceServer) mustEmbedUnimplementedInformerServiceServer() {}
 func (UnimplementedInformerServiceServer) testEmbeddedByValue()                         {}
@@ -190,6 +223,17 @@ func _InformerService_Get_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _InformerService_WatchAddress_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchAddressRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(InformerServiceServer).WatchAddress(m, &grpc.GenericServerStream[WatchAddressRequest, WatchAddressResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InformerService_WatchAddressServer = grpc.ServerStreamingServer[WatchAddressResponse]
+
 // InformerService_ServiceDesc is the grpc.ServiceDesc for InformerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -210,6 +254,11 @@ var InformerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Watch",
 			Handler:       _InformerService_Watch_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchAddress",
+			Handler:       _InformerService_WatchAddress_Handler,
 			ServerStreams: true,
 		},
 	},
