@@ -77,12 +77,7 @@ type SyncedHandler interface {
 // NewWatcher returns a Watcher of opts that calls h (and h.OnSynced, if h
 // is a SyncedHandler).
 func NewWatcher(c *Client, opts WatchOptions, h toolscache.ResourceEventHandler, o WatcherOptions) *Watcher {
-	if o.Backoff.Initial <= 0 {
-		o.Backoff.Initial = 100 * time.Millisecond
-	}
-	if o.Backoff.Max <= 0 {
-		o.Backoff.Max = 10 * time.Second
-	}
+	o.Backoff = o.Backoff.withDefaults()
 	indexers := toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc}
 	for k, f := range o.Indexers {
 		indexers[k] = f
@@ -92,6 +87,16 @@ func NewWatcher(c *Client, opts WatchOptions, h toolscache.ResourceEventHandler,
 		store:  toolscache.NewIndexer(toolscache.DeletionHandlingMetaNamespaceKeyFunc, indexers),
 		synced: make(chan struct{}),
 	}
+}
+
+func (b Backoff) withDefaults() Backoff {
+	if b.Initial <= 0 {
+		b.Initial = 100 * time.Millisecond
+	}
+	if b.Max <= 0 {
+		b.Max = 10 * time.Second
+	}
+	return b
 }
 
 // Indexer returns the Watcher's store: every object the watch holds, as
@@ -140,17 +145,25 @@ func terminal(err error) bool {
 // that retrying cannot fix: a gRPC status error from the daemon, a
 // DecodeError, or ErrSocketPermission.
 func (w *Watcher) Run(ctx context.Context) error {
-	bo := backoff.Backoff{Initial: w.o.Backoff.Initial, Max: w.o.Backoff.Max}
+	return retry(ctx, w.c, w.o.Backoff, w.runOnce, w.o.OnError)
+}
+
+// retry runs once until ctx ends (returning nil) or once fails in a
+// way that retrying cannot fix (returned, explained). Between runs it
+// backs off, from b.Initial again after a run that made progress; onError,
+// if set, sees every error it retries after.
+func retry(ctx context.Context, c *Client, b Backoff, once func(context.Context) (progressed bool, err error), onError func(error)) error {
+	bo := backoff.Backoff{Initial: b.Initial, Max: b.Max}
 	for ctx.Err() == nil {
-		progressed, err := w.runOnce(ctx)
+		progressed, err := once(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err = w.c.explain(err); terminal(err) {
+		if err = c.explain(err); terminal(err) {
 			return err
 		}
-		if w.o.OnError != nil {
-			w.o.OnError(err)
+		if onError != nil {
+			onError(err)
 		}
 		if progressed {
 			bo.Reset()

@@ -18,13 +18,18 @@ import (
 
 	"github.com/informerd/informerd/cache"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+	statusengine "github.com/informerd/informerd/status"
 )
 
 // Options configure a Server. Zero values take the documented defaults.
 type Options struct {
 	// Cache serves the subscriptions. Required.
 	Cache *cache.Manager
-	// MaxBatchEvents bounds the events in one WatchResponse. Default 256.
+	// Status serves WatchStatus. Default: none (WatchStatus answers
+	// UNIMPLEMENTED). The caller closes it after the streams end.
+	Status *statusengine.Engine
+	// MaxBatchEvents bounds the events in one WatchResponse or
+	// WatchStatusResponse. Default 256.
 	MaxBatchEvents int
 	// MaxBatchBytes bounds the encoded size of one WatchResponse, except
 	// that a single larger event is sent alone. Default 1 MiB.
@@ -151,14 +156,14 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 type sender struct {
 	stream  grpc.ServerStream
 	timeout time.Duration
-	batches chan frames // unbuffered: taken when the previous send is done
+	batches chan any // messages; unbuffered: taken when the previous send is done
 	failed  chan error  // the send error that ended the goroutine
 	done    chan struct{}
 	stuck   bool // a send timed out
 }
 
 func startSender(stream grpc.ServerStream, timeout time.Duration) *sender {
-	s := &sender{stream: stream, timeout: timeout, batches: make(chan frames), failed: make(chan error, 1), done: make(chan struct{})}
+	s := &sender{stream: stream, timeout: timeout, batches: make(chan any), failed: make(chan error, 1), done: make(chan struct{})}
 	go s.loop()
 	return s
 }
@@ -176,7 +181,7 @@ func (s *sender) loop() {
 // send hands b to the sending goroutine once it has sent the previous
 // batch. It fails with errWriteTimeout when that takes longer than the
 // write timeout, with the error of a failed send, or with ctx's.
-func (s *sender) send(ctx context.Context, b frames) error {
+func (s *sender) send(ctx context.Context, b any) error {
 	t := time.NewTimer(s.timeout)
 	defer t.Stop()
 	select {

@@ -204,6 +204,192 @@ func (EventType) EnumDescriptor() ([]byte, []int) {
 	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{2}
 }
 
+// ScopeStrategy chooses the scope at which a status stream reads each
+// resource, as cli-utils' RESTScopeStrategy does.
+type ScopeStrategy int32
+
+const (
+	// SCOPE_STRATEGY_UNSPECIFIED means SCOPE_STRATEGY_AUTOMATIC.
+	ScopeStrategy_SCOPE_STRATEGY_UNSPECIFIED ScopeStrategy = 0
+	// SCOPE_STRATEGY_AUTOMATIC is SCOPE_STRATEGY_ROOT when the objects are in
+	// more than one namespace (a cluster-scoped object counts as namespace
+	// ""), else SCOPE_STRATEGY_NAMESPACE.
+	ScopeStrategy_SCOPE_STRATEGY_AUTOMATIC ScopeStrategy = 1
+	// SCOPE_STRATEGY_ROOT reads each resource in all namespaces: the caller
+	// must be allowed to list and watch it cluster-wide.
+	ScopeStrategy_SCOPE_STRATEGY_ROOT ScopeStrategy = 2
+	// SCOPE_STRATEGY_NAMESPACE reads each resource only in the namespaces of
+	// the objects: the caller needs no cluster-wide access.
+	ScopeStrategy_SCOPE_STRATEGY_NAMESPACE ScopeStrategy = 3
+)
+
+// Enum value maps for ScopeStrategy.
+var (
+	ScopeStrategy_name = map[int32]string{
+		0: "SCOPE_STRATEGY_UNSPECIFIED",
+		1: "SCOPE_STRATEGY_AUTOMATIC",
+		2: "SCOPE_STRATEGY_ROOT",
+		3: "SCOPE_STRATEGY_NAMESPACE",
+	}
+	ScopeStrategy_value = map[string]int32{
+		"SCOPE_STRATEGY_UNSPECIFIED": 0,
+		"SCOPE_STRATEGY_AUTOMATIC":   1,
+		"SCOPE_STRATEGY_ROOT":        2,
+		"SCOPE_STRATEGY_NAMESPACE":   3,
+	}
+)
+
+func (x ScopeStrategy) Enum() *ScopeStrategy {
+	p := new(ScopeStrategy)
+	*p = x
+	return p
+}
+
+func (x ScopeStrategy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ScopeStrategy) Descriptor() protoreflect.EnumDescriptor {
+	return file_informerd_v1_informerd_proto_enumTypes[3].Descriptor()
+}
+
+func (ScopeStrategy) Type() protoreflect.EnumType {
+	return &file_informerd_v1_informerd_proto_enumTypes[3]
+}
+
+func (x ScopeStrategy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ScopeStrategy.Descriptor instead.
+func (ScopeStrategy) EnumDescriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{3}
+}
+
+// StatusEventType says what a StatusEvent means.
+type StatusEventType int32
+
+const (
+	// STATUS_EVENT_TYPE_UNSPECIFIED is never sent.
+	StatusEventType_STATUS_EVENT_TYPE_UNSPECIFIED StatusEventType = 0
+	// STATUS_EVENT_TYPE_STATUS carries the latest status of one object.
+	StatusEventType_STATUS_EVENT_TYPE_STATUS StatusEventType = 1
+	// STATUS_EVENT_TYPE_SYNCED says that the status of every object has been
+	// sent: a change made after the stream started cannot be missed. It is
+	// sent once per stream.
+	StatusEventType_STATUS_EVENT_TYPE_SYNCED StatusEventType = 2
+)
+
+// Enum value maps for StatusEventType.
+var (
+	StatusEventType_name = map[int32]string{
+		0: "STATUS_EVENT_TYPE_UNSPECIFIED",
+		1: "STATUS_EVENT_TYPE_STATUS",
+		2: "STATUS_EVENT_TYPE_SYNCED",
+	}
+	StatusEventType_value = map[string]int32{
+		"STATUS_EVENT_TYPE_UNSPECIFIED": 0,
+		"STATUS_EVENT_TYPE_STATUS":      1,
+		"STATUS_EVENT_TYPE_SYNCED":      2,
+	}
+)
+
+func (x StatusEventType) Enum() *StatusEventType {
+	p := new(StatusEventType)
+	*p = x
+	return p
+}
+
+func (x StatusEventType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StatusEventType) Descriptor() protoreflect.EnumDescriptor {
+	return file_informerd_v1_informerd_proto_enumTypes[4].Descriptor()
+}
+
+func (StatusEventType) Type() protoreflect.EnumType {
+	return &file_informerd_v1_informerd_proto_enumTypes[4]
+}
+
+func (x StatusEventType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StatusEventType.Descriptor instead.
+func (StatusEventType) EnumDescriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{4}
+}
+
+// Status is an object's kstatus (sigs.k8s.io/cli-utils/pkg/kstatus).
+type Status int32
+
+const (
+	// STATUS_UNSPECIFIED is never sent.
+	Status_STATUS_UNSPECIFIED Status = 0
+	// STATUS_IN_PROGRESS: the object is being reconciled.
+	Status_STATUS_IN_PROGRESS Status = 1
+	// STATUS_FAILED: reconciling the object failed.
+	Status_STATUS_FAILED Status = 2
+	// STATUS_CURRENT: the object is reconciled.
+	Status_STATUS_CURRENT Status = 3
+	// STATUS_TERMINATING: the object is being deleted.
+	Status_STATUS_TERMINATING Status = 4
+	// STATUS_NOT_FOUND: the object, or its resource, does not exist.
+	Status_STATUS_NOT_FOUND Status = 5
+	// STATUS_UNKNOWN: the status could not be computed; see error.
+	Status_STATUS_UNKNOWN Status = 6
+)
+
+// Enum value maps for Status.
+var (
+	Status_name = map[int32]string{
+		0: "STATUS_UNSPECIFIED",
+		1: "STATUS_IN_PROGRESS",
+		2: "STATUS_FAILED",
+		3: "STATUS_CURRENT",
+		4: "STATUS_TERMINATING",
+		5: "STATUS_NOT_FOUND",
+		6: "STATUS_UNKNOWN",
+	}
+	Status_value = map[string]int32{
+		"STATUS_UNSPECIFIED": 0,
+		"STATUS_IN_PROGRESS": 1,
+		"STATUS_FAILED":      2,
+		"STATUS_CURRENT":     3,
+		"STATUS_TERMINATING": 4,
+		"STATUS_NOT_FOUND":   5,
+		"STATUS_UNKNOWN":     6,
+	}
+)
+
+func (x Status) Enum() *Status {
+	p := new(Status)
+	*p = x
+	return p
+}
+
+func (x Status) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Status) Descriptor() protoreflect.EnumDescriptor {
+	return file_informerd_v1_informerd_proto_enumTypes[5].Descriptor()
+}
+
+func (Status) Type() protoreflect.EnumType {
+	return &file_informerd_v1_informerd_proto_enumTypes[5]
+}
+
+func (x Status) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Status.Descriptor instead.
+func (Status) EnumDescriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{5}
+}
+
 // GroupVersionResource names a Kubernetes resource, as in an API path.
 type GroupVersionResource struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -916,6 +1102,369 @@ func (x *Informer) GetEncoding() Encoding {
 	return Encoding_ENCODING_UNSPECIFIED
 }
 
+// ObjectReference identifies one object, as cli-utils' ObjMetadata does.
+type ObjectReference struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// group is the object's API group; empty for the core group.
+	Group string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// kind is the object's kind, for example "Deployment".
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// namespace is the object's namespace; empty for a cluster-scoped object.
+	Namespace string `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// name is the object's name.
+	Name          string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObjectReference) Reset() {
+	*x = ObjectReference{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObjectReference) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObjectReference) ProtoMessage() {}
+
+func (x *ObjectReference) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObjectReference.ProtoReflect.Descriptor instead.
+func (*ObjectReference) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ObjectReference) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *ObjectReference) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ObjectReference) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ObjectReference) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// WatchStatusRequest asks for the kstatus of a set of objects.
+type WatchStatusRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// objects are the objects to report on; duplicates are ignored.
+	Objects []*ObjectReference `protobuf:"bytes,1,rep,name=objects,proto3" json:"objects,omitempty"`
+	// scope_strategy chooses the scope at which resources are read, and so
+	// what the caller must be allowed to list and watch.
+	ScopeStrategy ScopeStrategy `protobuf:"varint,2,opt,name=scope_strategy,json=scopeStrategy,proto3,enum=informerd.v1.ScopeStrategy" json:"scope_strategy,omitempty"`
+	// client_name identifies the caller in introspection and logs.
+	ClientName    string `protobuf:"bytes,3,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchStatusRequest) Reset() {
+	*x = WatchStatusRequest{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchStatusRequest) ProtoMessage() {}
+
+func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchStatusRequest.ProtoReflect.Descriptor instead.
+func (*WatchStatusRequest) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *WatchStatusRequest) GetObjects() []*ObjectReference {
+	if x != nil {
+		return x.Objects
+	}
+	return nil
+}
+
+func (x *WatchStatusRequest) GetScopeStrategy() ScopeStrategy {
+	if x != nil {
+		return x.ScopeStrategy
+	}
+	return ScopeStrategy_SCOPE_STRATEGY_UNSPECIFIED
+}
+
+func (x *WatchStatusRequest) GetClientName() string {
+	if x != nil {
+		return x.ClientName
+	}
+	return ""
+}
+
+// WatchStatusResponse carries the status events that were ready together.
+type WatchStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// events are in order; at most one per object in a response.
+	Events        []*StatusEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchStatusResponse) Reset() {
+	*x = WatchStatusResponse{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchStatusResponse) ProtoMessage() {}
+
+func (x *WatchStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchStatusResponse.ProtoReflect.Descriptor instead.
+func (*WatchStatusResponse) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *WatchStatusResponse) GetEvents() []*StatusEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// StatusEvent is one object's new status, or the SYNCED marker.
+type StatusEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// type says what the event means.
+	Type StatusEventType `protobuf:"varint,1,opt,name=type,proto3,enum=informerd.v1.StatusEventType" json:"type,omitempty"`
+	// status is the object's status, for STATUS_EVENT_TYPE_STATUS.
+	Status        *ResourceStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusEvent) Reset() {
+	*x = StatusEvent{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusEvent) ProtoMessage() {}
+
+func (x *StatusEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusEvent.ProtoReflect.Descriptor instead.
+func (*StatusEvent) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *StatusEvent) GetType() StatusEventType {
+	if x != nil {
+		return x.Type
+	}
+	return StatusEventType_STATUS_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *StatusEvent) GetStatus() *ResourceStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+// ResourceStatus is the kstatus of one object, with the statuses of the
+// resources generated from it.
+type ResourceStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// object identifies the object.
+	Object *ObjectReference `protobuf:"bytes,1,opt,name=object,proto3" json:"object,omitempty"`
+	// status is the object's kstatus.
+	Status Status `protobuf:"varint,2,opt,name=status,proto3,enum=informerd.v1.Status" json:"status,omitempty"`
+	// message explains the status, in kstatus' words.
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// error says why the status could not be computed (status is then
+	// STATUS_UNKNOWN).
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// api_version is the apiVersion the object was read in; empty when it
+	// was not found.
+	ApiVersion string `protobuf:"bytes,5,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	// uid is the object's metadata.uid; empty when it was not found.
+	Uid string `protobuf:"bytes,6,opt,name=uid,proto3" json:"uid,omitempty"`
+	// generation is the object's metadata.generation.
+	Generation int64 `protobuf:"varint,7,opt,name=generation,proto3" json:"generation,omitempty"`
+	// resource_version is the object's metadata.resourceVersion that the
+	// status was computed from.
+	ResourceVersion string `protobuf:"bytes,8,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	// generated are the statuses of the objects generated from this one (a
+	// Deployment's ReplicaSets and their Pods), sorted by namespace, group,
+	// kind and name; they carry only object, status, message and error.
+	Generated     []*ResourceStatus `protobuf:"bytes,9,rep,name=generated,proto3" json:"generated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResourceStatus) Reset() {
+	*x = ResourceStatus{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResourceStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResourceStatus) ProtoMessage() {}
+
+func (x *ResourceStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResourceStatus.ProtoReflect.Descriptor instead.
+func (*ResourceStatus) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ResourceStatus) GetObject() *ObjectReference {
+	if x != nil {
+		return x.Object
+	}
+	return nil
+}
+
+func (x *ResourceStatus) GetStatus() Status {
+	if x != nil {
+		return x.Status
+	}
+	return Status_STATUS_UNSPECIFIED
+}
+
+func (x *ResourceStatus) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ResourceStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ResourceStatus) GetApiVersion() string {
+	if x != nil {
+		return x.ApiVersion
+	}
+	return ""
+}
+
+func (x *ResourceStatus) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+func (x *ResourceStatus) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ResourceStatus) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
+}
+
+func (x *ResourceStatus) GetGenerated() []*ResourceStatus {
+	if x != nil {
+		return x.Generated
+	}
+	return nil
+}
+
 var File_informerd_v1_informerd_proto protoreflect.FileDescriptor
 
 const file_informerd_v1_informerd_proto_rawDesc = "" +
@@ -974,7 +1523,35 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x0emax_lag_events\x18\n" +
 	" \x01(\x03R\fmaxLagEvents\x12\x18\n" +
 	"\amessage\x18\v \x01(\tR\amessage\x122\n" +
-	"\bencoding\x18\f \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding*N\n" +
+	"\bencoding\x18\f \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding\"m\n" +
+	"\x0fObjectReference\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1c\n" +
+	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\"\xb2\x01\n" +
+	"\x12WatchStatusRequest\x127\n" +
+	"\aobjects\x18\x01 \x03(\v2\x1d.informerd.v1.ObjectReferenceR\aobjects\x12B\n" +
+	"\x0escope_strategy\x18\x02 \x01(\x0e2\x1b.informerd.v1.ScopeStrategyR\rscopeStrategy\x12\x1f\n" +
+	"\vclient_name\x18\x03 \x01(\tR\n" +
+	"clientName\"H\n" +
+	"\x13WatchStatusResponse\x121\n" +
+	"\x06events\x18\x01 \x03(\v2\x19.informerd.v1.StatusEventR\x06events\"v\n" +
+	"\vStatusEvent\x121\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x1d.informerd.v1.StatusEventTypeR\x04type\x124\n" +
+	"\x06status\x18\x02 \x01(\v2\x1c.informerd.v1.ResourceStatusR\x06status\"\xdf\x02\n" +
+	"\x0eResourceStatus\x125\n" +
+	"\x06object\x18\x01 \x01(\v2\x1d.informerd.v1.ObjectReferenceR\x06object\x12,\n" +
+	"\x06status\x18\x02 \x01(\x0e2\x14.informerd.v1.StatusR\x06status\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12\x1f\n" +
+	"\vapi_version\x18\x05 \x01(\tR\n" +
+	"apiVersion\x12\x10\n" +
+	"\x03uid\x18\x06 \x01(\tR\x03uid\x12\x1e\n" +
+	"\n" +
+	"generation\x18\a \x01(\x03R\n" +
+	"generation\x12)\n" +
+	"\x10resource_version\x18\b \x01(\tR\x0fresourceVersion\x12:\n" +
+	"\tgenerated\x18\t \x03(\v2\x1c.informerd.v1.ResourceStatusR\tgenerated*N\n" +
 	"\bEncoding\x12\x18\n" +
 	"\x14ENCODING_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rENCODING_JSON\x10\x01\x12\x15\n" +
@@ -990,11 +1567,29 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x12EVENT_TYPE_DELETED\x10\x03\x12\x17\n" +
 	"\x13EVENT_TYPE_BOOKMARK\x10\x04\x12\x15\n" +
 	"\x11EVENT_TYPE_SYNCED\x10\x05\x12\x14\n" +
-	"\x10EVENT_TYPE_RESET\x10\x062\xeb\x01\n" +
+	"\x10EVENT_TYPE_RESET\x10\x06*\x84\x01\n" +
+	"\rScopeStrategy\x12\x1e\n" +
+	"\x1aSCOPE_STRATEGY_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18SCOPE_STRATEGY_AUTOMATIC\x10\x01\x12\x17\n" +
+	"\x13SCOPE_STRATEGY_ROOT\x10\x02\x12\x1c\n" +
+	"\x18SCOPE_STRATEGY_NAMESPACE\x10\x03*p\n" +
+	"\x0fStatusEventType\x12!\n" +
+	"\x1dSTATUS_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18STATUS_EVENT_TYPE_STATUS\x10\x01\x12\x1c\n" +
+	"\x18STATUS_EVENT_TYPE_SYNCED\x10\x02*\xa1\x01\n" +
+	"\x06Status\x12\x16\n" +
+	"\x12STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12STATUS_IN_PROGRESS\x10\x01\x12\x11\n" +
+	"\rSTATUS_FAILED\x10\x02\x12\x12\n" +
+	"\x0eSTATUS_CURRENT\x10\x03\x12\x16\n" +
+	"\x12STATUS_TERMINATING\x10\x04\x12\x14\n" +
+	"\x10STATUS_NOT_FOUND\x10\x05\x12\x12\n" +
+	"\x0eSTATUS_UNKNOWN\x10\x062\xc1\x02\n" +
 	"\x0fInformerService\x12B\n" +
 	"\x05Watch\x12\x1a.informerd.v1.WatchRequest\x1a\x1b.informerd.v1.WatchResponse0\x01\x12X\n" +
 	"\rListInformers\x12\".informerd.v1.ListInformersRequest\x1a#.informerd.v1.ListInformersResponse\x12:\n" +
-	"\x03Get\x12\x18.informerd.v1.GetRequest\x1a\x19.informerd.v1.GetResponseB?Z=github.com/informerd/informerd/proto/informerd/v1;informerdv1b\x06proto3"
+	"\x03Get\x12\x18.informerd.v1.GetRequest\x1a\x19.informerd.v1.GetResponse\x12T\n" +
+	"\vWatchStatus\x12 .informerd.v1.WatchStatusRequest\x1a!.informerd.v1.WatchStatusResponse0\x01B?Z=github.com/informerd/informerd/proto/informerd/v1;informerdv1b\x06proto3"
 
 var (
 	file_informerd_v1_informerd_proto_rawDescOnce sync.Once
@@ -1008,45 +1603,63 @@ func file_informerd_v1_informerd_proto_rawDescGZIP() []byte {
 	return file_informerd_v1_informerd_proto_rawDescData
 }
 
-var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_informerd_v1_informerd_proto_goTypes = []any{
 	(Encoding)(0),                 // 0: informerd.v1.Encoding
 	(View)(0),                     // 1: informerd.v1.View
 	(EventType)(0),                // 2: informerd.v1.EventType
-	(*GroupVersionResource)(nil),  // 3: informerd.v1.GroupVersionResource
-	(*WatchRequest)(nil),          // 4: informerd.v1.WatchRequest
-	(*GetRequest)(nil),            // 5: informerd.v1.GetRequest
-	(*GetResponse)(nil),           // 6: informerd.v1.GetResponse
-	(*WatchResponse)(nil),         // 7: informerd.v1.WatchResponse
-	(*Event)(nil),                 // 8: informerd.v1.Event
-	(*ListInformersRequest)(nil),  // 9: informerd.v1.ListInformersRequest
-	(*ListInformersResponse)(nil), // 10: informerd.v1.ListInformersResponse
-	(*Informer)(nil),              // 11: informerd.v1.Informer
+	(ScopeStrategy)(0),            // 3: informerd.v1.ScopeStrategy
+	(StatusEventType)(0),          // 4: informerd.v1.StatusEventType
+	(Status)(0),                   // 5: informerd.v1.Status
+	(*GroupVersionResource)(nil),  // 6: informerd.v1.GroupVersionResource
+	(*WatchRequest)(nil),          // 7: informerd.v1.WatchRequest
+	(*GetRequest)(nil),            // 8: informerd.v1.GetRequest
+	(*GetResponse)(nil),           // 9: informerd.v1.GetResponse
+	(*WatchResponse)(nil),         // 10: informerd.v1.WatchResponse
+	(*Event)(nil),                 // 11: informerd.v1.Event
+	(*ListInformersRequest)(nil),  // 12: informerd.v1.ListInformersRequest
+	(*ListInformersResponse)(nil), // 13: informerd.v1.ListInformersResponse
+	(*Informer)(nil),              // 14: informerd.v1.Informer
+	(*ObjectReference)(nil),       // 15: informerd.v1.ObjectReference
+	(*WatchStatusRequest)(nil),    // 16: informerd.v1.WatchStatusRequest
+	(*WatchStatusResponse)(nil),   // 17: informerd.v1.WatchStatusResponse
+	(*StatusEvent)(nil),           // 18: informerd.v1.StatusEvent
+	(*ResourceStatus)(nil),        // 19: informerd.v1.ResourceStatus
 }
 var file_informerd_v1_informerd_proto_depIdxs = []int32{
-	3,  // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
+	6,  // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
 	1,  // 1: informerd.v1.WatchRequest.view:type_name -> informerd.v1.View
 	0,  // 2: informerd.v1.WatchRequest.encoding:type_name -> informerd.v1.Encoding
-	3,  // 3: informerd.v1.GetRequest.resource:type_name -> informerd.v1.GroupVersionResource
+	6,  // 3: informerd.v1.GetRequest.resource:type_name -> informerd.v1.GroupVersionResource
 	1,  // 4: informerd.v1.GetRequest.view:type_name -> informerd.v1.View
 	0,  // 5: informerd.v1.GetRequest.encoding:type_name -> informerd.v1.Encoding
-	8,  // 6: informerd.v1.WatchResponse.events:type_name -> informerd.v1.Event
+	11, // 6: informerd.v1.WatchResponse.events:type_name -> informerd.v1.Event
 	2,  // 7: informerd.v1.Event.type:type_name -> informerd.v1.EventType
-	11, // 8: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
-	3,  // 9: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
+	14, // 8: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
+	6,  // 9: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
 	0,  // 10: informerd.v1.Informer.encoding:type_name -> informerd.v1.Encoding
-	4,  // 11: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
-	9,  // 12: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
-	5,  // 13: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
-	7,  // 14: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
-	10, // 15: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
-	6,  // 16: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
-	14, // [14:17] is the sub-list for method output_type
-	11, // [11:14] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	15, // 11: informerd.v1.WatchStatusRequest.objects:type_name -> informerd.v1.ObjectReference
+	3,  // 12: informerd.v1.WatchStatusRequest.scope_strategy:type_name -> informerd.v1.ScopeStrategy
+	18, // 13: informerd.v1.WatchStatusResponse.events:type_name -> informerd.v1.StatusEvent
+	4,  // 14: informerd.v1.StatusEvent.type:type_name -> informerd.v1.StatusEventType
+	19, // 15: informerd.v1.StatusEvent.status:type_name -> informerd.v1.ResourceStatus
+	15, // 16: informerd.v1.ResourceStatus.object:type_name -> informerd.v1.ObjectReference
+	5,  // 17: informerd.v1.ResourceStatus.status:type_name -> informerd.v1.Status
+	19, // 18: informerd.v1.ResourceStatus.generated:type_name -> informerd.v1.ResourceStatus
+	7,  // 19: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
+	12, // 20: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
+	8,  // 21: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
+	16, // 22: informerd.v1.InformerService.WatchStatus:input_type -> informerd.v1.WatchStatusRequest
+	10, // 23: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
+	13, // 24: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
+	9,  // 25: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
+	17, // 26: informerd.v1.InformerService.WatchStatus:output_type -> informerd.v1.WatchStatusResponse
+	23, // [23:27] is the sub-list for method output_type
+	19, // [19:23] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_informerd_v1_informerd_proto_init() }
@@ -1059,8 +1672,8 @@ func file_informerd_v1_informerd_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_informerd_v1_informerd_proto_rawDesc), len(file_informerd_v1_informerd_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   9,
+			NumEnums:      6,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

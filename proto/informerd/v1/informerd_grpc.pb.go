@@ -22,6 +22,7 @@ const (
 	InformerService_Watch_FullMethodName         = "/informerd.v1.InformerService/Watch"
 	InformerService_ListInformers_FullMethodName = "/informerd.v1.InformerService/ListInformers"
 	InformerService_Get_FullMethodName           = "/informerd.v1.InformerService/Get"
+	InformerService_WatchStatus_FullMethodName   = "/informerd.v1.InformerService/WatchStatus"
 )
 
 // InformerServiceClient is the client API for InformerService service.
@@ -39,6 +40,10 @@ type InformerServiceClient interface {
 	// informer that serves its resource (started, or kept lingering, as for
 	// a Watch).
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
+	// WatchStatus streams the kstatus of a set of objects: each object's
+	// status once it is known, SYNCED once every object's is, then every
+	// change of an object's status, message or generated resources.
+	WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchStatusResponse], error)
 }
 
 type informerServiceClient struct {
@@ -88,6 +93,25 @@ func (c *informerServiceClient) Get(ctx context.Context, in *GetRequest, opts ..
 	return out, nil
 }
 
+func (c *informerServiceClient) WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchStatusResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &InformerService_ServiceDesc.Streams[1], InformerService_WatchStatus_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchStatusRequest, WatchStatusResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InformerService_WatchStatusClient = grpc.ServerStreamingClient[WatchStatusResponse]
+
 // InformerServiceServer is the server API for InformerService service.
 // All implementations must embed UnimplementedInformerServiceServer
 // for forward compatibility.
@@ -103,6 +127,10 @@ type InformerServiceServer interface {
 	// informer that serves its resource (started, or kept lingering, as for
 	// a Watch).
 	Get(context.Context, *GetRequest) (*GetResponse, error)
+	// WatchStatus streams the kstatus of a set of objects: each object's
+	// status once it is known, SYNCED once every object's is, then every
+	// change of an object's status, message or generated resources.
+	WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[WatchStatusResponse]) error
 	mustEmbedUnimplementedInformerServiceServer()
 }
 
@@ -121,6 +149,9 @@ func (UnimplementedInformerServiceServer) ListInformers(context.Context, *ListIn
 }
 func (UnimplementedInformerServiceServer) Get(context.Context, *GetRequest) (*GetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Get not implemented")
+}
+func (UnimplementedInformerServiceServer) WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[WatchStatusResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchStatus not implemented")
 }
 func (UnimplementedInformerServiceServer) mustEmbedUnimplementedInformerServiceServer() {}
 func (UnimplementedInformerServiceServer) testEmbeddedByValue()                         {}
@@ -190,6 +221,17 @@ func _InformerService_Get_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _InformerService_WatchStatus_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchStatusRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(InformerServiceServer).WatchStatus(m, &grpc.GenericServerStream[WatchStatusRequest, WatchStatusResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InformerService_WatchStatusServer = grpc.ServerStreamingServer[WatchStatusResponse]
+
 // InformerService_ServiceDesc is the grpc.ServiceDesc for InformerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -210,6 +252,11 @@ var InformerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Watch",
 			Handler:       _InformerService_Watch_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchStatus",
+			Handler:       _InformerService_WatchStatus_Handler,
 			ServerStreams: true,
 		},
 	},
