@@ -128,10 +128,7 @@ func (e *Engine) runFeed(ctx context.Context, f *feed, granted <-chan struct{}) 
 	}
 	req := cache.Request{GVR: schema.GroupVersionResource{Group: f.key.gk.Group}, Kind: f.key.gk.Kind, Namespace: f.key.namespace, Holder: holder}
 	retry := wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: 30 * time.Second}
-	failed := func(err error) bool {
-		if ctx.Err() != nil || !send(feedMsg{kind: msgFailed, err: err}) {
-			return false
-		}
+	pause := func() bool {
 		t := time.NewTimer(retry.Step())
 		defer t.Stop()
 		select {
@@ -152,10 +149,10 @@ func (e *Engine) runFeed(ctx context.Context, f *feed, granted <-chan struct{}) 
 			key, err = e.src.Resolve(ctx, wait)
 		}
 		if err != nil {
-			if failed(err) {
-				continue
+			if ctx.Err() != nil || !send(feedMsg{kind: msgFailed, err: err}) || !pause() {
+				return
 			}
-			return
+			continue
 		}
 		if !send(feedMsg{kind: msgResolved, gvr: key.GVR}) {
 			return
@@ -166,11 +163,18 @@ func (e *Engine) runFeed(ctx context.Context, f *feed, granted <-chan struct{}) 
 		case <-granted:
 		}
 		sub, err := e.src.Subscribe(ctx, req)
-		if err != nil {
-			if errors.Is(err, cache.ErrUnknownResource) || failed(err) {
-				continue // gone again, or retrying
+		switch {
+		case errors.Is(err, cache.ErrUnknownResource), errors.Is(err, cache.ErrResourceRemoved):
+			// Gone again, or removed while discovery still lists it.
+			if !send(feedMsg{kind: msgAbsent}) || !pause() {
+				return
 			}
-			return
+			continue
+		case err != nil:
+			if ctx.Err() != nil || !send(feedMsg{kind: msgFailed, err: err}) || !pause() {
+				return
+			}
+			continue
 		}
 		err = e.forward(ctx, sub, send)
 		sub.Close()
