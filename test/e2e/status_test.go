@@ -33,7 +33,7 @@ func (d *testDaemon) statusWatcher(t *testing.T, name string) watcher.StatusWatc
 	t.Helper()
 	return client.NewStatusWatcher(d.dial(t), client.StatusWatcherOptions{
 		ClientName: name, Backoff: client.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond},
-		OnError:    func(err error) { t.Logf("status watcher %s reconnects after: %v", name, err) },
+		OnError: func(err error) { t.Logf("status watcher %s reconnects after: %v", name, err) },
 	})
 }
 
