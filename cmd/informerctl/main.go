@@ -2,10 +2,17 @@
 //
 //	informerctl [-address A] informers            list informers, holders and lag
 //	informerctl [-address A] watch -resource R    stream changes of a resource
+//	informerctl [-address A] status -f DIR|FILE|- show the kstatus of manifests' objects live
 //
 // watch prints one tab-separated line per change (ADDED, MODIFIED or
 // DELETED, the object's key, its resourceVersion) and SYNCED once the
 // snapshot is complete, until it is stopped.
+//
+// status shows a table of the objects' kstatus, redrawn in place on a
+// terminal (else one tab-separated line per change: status, object,
+// message; SYNCED once every object's status is known). It exits 0 once
+// every object is Current, and 1 naming the objects that are not when
+// -timeout expires.
 package main
 
 import (
@@ -41,7 +48,7 @@ func run(args []string) error {
 		return err
 	}
 	if fs.NArg() == 0 {
-		return errors.New("missing command: informers or watch")
+		return errors.New("missing command: informers, watch or status")
 	}
 	c, err := client.Dial(*address)
 	if err != nil {
@@ -55,8 +62,10 @@ func run(args []string) error {
 		return informers(ctx, c)
 	case "watch":
 		return watchCmd(ctx, c, fs.Args()[1:])
+	case "status":
+		return statusCmd(ctx, c, fs.Args()[1:])
 	default:
-		return fmt.Errorf("unknown command %q: want informers or watch", cmd)
+		return fmt.Errorf("unknown command %q: want informers, watch or status", cmd)
 	}
 }
 

@@ -20,30 +20,36 @@ import (
 )
 
 var (
-	buildOnce    sync.Once
-	informerdBin string
-	buildErr     error
+	binMu   sync.Mutex // guards binDir and binErrs
+	binDir  string
+	binErrs = map[string]error{}
 )
 
-// informerdBinary builds cmd/informerd once per test binary.
-func informerdBinary(t *testing.T) string {
+// binary builds cmd/<name> once per test binary and returns its path.
+func binary(t *testing.T, name string) string {
 	t.Helper()
-	buildOnce.Do(func() {
+	binMu.Lock()
+	defer binMu.Unlock()
+	if binDir == "" {
 		dir, err := os.MkdirTemp("", "informerd-e2e-bin-")
 		if err != nil {
-			buildErr = err
-			return
+			t.Fatal(err)
 		}
-		informerdBin = filepath.Join(dir, "informerd")
-		out, err := exec.Command("go", "build", "-o", informerdBin, "github.com/informerd/informerd/cmd/informerd").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("building informerd: %w\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+		binDir = dir
 	}
-	return informerdBin
+	path := filepath.Join(binDir, name)
+	err, built := binErrs[name]
+	if !built {
+		out, buildErr := exec.Command("go", "build", "-o", path, "github.com/informerd/informerd/cmd/"+name).CombinedOutput()
+		if buildErr != nil {
+			err = fmt.Errorf("building %s: %w\n%s", name, buildErr, out)
+		}
+		binErrs[name] = err
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // daemonProc is informerd running as its own process, as in production.
@@ -75,7 +81,7 @@ func startDaemonProcess(t *testing.T, socket string, flags ...string) *daemonPro
 
 func (d *daemonProc) start() {
 	d.t.Helper()
-	d.cmd = exec.Command(informerdBinary(d.t), d.args...)
+	d.cmd = exec.Command(binary(d.t, "informerd"), d.args...)
 	d.cmd.Stdout, d.cmd.Stderr = os.Stderr, os.Stderr
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := d.cmd.Start(); err != nil {

@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -395,5 +398,50 @@ func TestDaemonRestartDuringReconcileWait(t *testing.T) {
 				t.Fatalf("%s reported %s twice in a row: %v", id, ss[i], ss)
 			}
 		}
+	}
+}
+
+// TestInformerctlStatus: `informerctl status -f DIR` prints each object's
+// status as it changes, exits 0 once all are Current, and exits 1 after
+// -timeout naming the ones that are not.
+func TestInformerctlStatus(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	createGateCRD(ctx, t)
+	ns := createNamespace(ctx, t, "ctl")
+	d := startDaemon(t, cache.Options{})
+	dyn := dynamic.NewForConfigOrDie(env.RESTConfig())
+	gate := gateObj(gateGroup, ns, "gate")
+	if _, err := dyn.Resource(schema.GroupVersionResource{Group: gateGroup, Version: "v1", Resource: "gates"}).Namespace(ns).Create(ctx, gate, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createConfigMap(ctx, t, ns, "config", nil)
+	dir := t.TempDir()
+	manifest := fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: config}\n---\napiVersion: %s/v1\nkind: Gate\nmetadata: {name: gate, namespace: %s}\n", gateGroup, ns)
+	if err := os.WriteFile(filepath.Join(dir, "app.yaml"), []byte(manifest), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := func() (stdout, stderr string, code int) {
+		cmd := exec.CommandContext(ctx, binary(t, "informerctl"), "-address", d.socket, "status", "-f", dir, "-namespace", ns, "-timeout", "5s")
+		var o, e strings.Builder
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatal(err)
+		}
+		return o.String(), e.String(), cmd.ProcessState.ExitCode()
+	}
+	stdout, stderr, code := run()
+	if code != 1 || !strings.Contains(stderr, "timed out with 1 of 2 objects not Current: Gate."+gateGroup+" "+ns+"/gate (InProgress: held open by the test)") {
+		t.Fatalf("with the Gate InProgress: exit %d, stderr %q; want 1 naming the Gate", code, stderr)
+	}
+	if !strings.Contains(stdout, "Current\tConfigMap "+ns+"/config\t") || !strings.Contains(stdout, "SYNCED\n") {
+		t.Fatalf("stdout %q: want the ConfigMap's line and SYNCED", stdout)
+	}
+	openGate(ctx, t, gateGroup, ns, "gate")
+	stdout, stderr, code = run()
+	if code != 0 || !strings.Contains(stdout, "Current\tGate."+gateGroup+" "+ns+"/gate\t") {
+		t.Fatalf("with every object Current: exit %d, stdout %q, stderr %q; want 0", code, stdout, stderr)
 	}
 }
