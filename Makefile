@@ -105,6 +105,14 @@ bench: controlplane build ## Direct client-go informers vs informerd, side by si
 	$(GO) build -o $(BIN)/bench ./test/bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench -bin $(BIN) $(BENCH_FLAGS)
 
+# BENCH_STATUS_FLAGS go to `bench status` (e.g. BENCH_STATUS_FLAGS="-deployments 1000 -appliers 1").
+BENCH_STATUS_FLAGS ?=
+
+.PHONY: bench-status
+bench-status: controlplane build ## cli-utils appliers waiting through informerd's WatchStatus vs DefaultStatusWatcher (default 200 Deployments per applier, 1 then 5 appliers).
+	$(GO) build -o $(BIN)/bench ./test/bench
+	$(BIN)/bench status -bin $(BIN) $(BENCH_STATUS_FLAGS)
+
 .PHONY: bench-go
 bench-go: ## The Go benchmarks (fan-out over Unix sockets vs the raw baseline, the cache) with -benchmem.
 	$(GO) test -run '^$$' -bench '$(BENCH_GO)' -benchmem -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) ./daemon ./cache ./client

@@ -5,6 +5,10 @@
 //
 // `bench client ...` is the role of one client process; the harness starts
 // itself in that role.
+//
+// `bench status` measures cli-utils appliers waiting for their Deployments
+// through informerd's WatchStatus vs through cli-utils' DefaultStatusWatcher
+// (status.go); `bench applier ...` is the role of one applier process.
 package main
 
 import (
@@ -28,9 +32,14 @@ import (
 
 func main() {
 	var err error
-	if len(os.Args) > 1 && os.Args[1] == "client" {
+	switch {
+	case len(os.Args) > 1 && os.Args[1] == "client":
 		err = runClient(os.Args[2:])
-	} else {
+	case len(os.Args) > 1 && os.Args[1] == "status":
+		err = runStatusBench(os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "applier":
+		err = runApplier(os.Args[2:])
+	default:
 		err = run()
 	}
 	if err != nil {
