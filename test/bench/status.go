@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -93,14 +92,7 @@ func runStatusBench(args []string) error {
 			return fmt.Errorf("-modes: unknown mode %q (want one of %s)", m, strings.Join(applierModes, ", "))
 		}
 	}
-	informerd, err := filepath.Abs(filepath.Join(*bin, "informerd"))
-	if err != nil {
-		return err
-	}
-	if _, err := os.Stat(informerd); err != nil {
-		return fmt.Errorf("-bin: %w (run make build)", err)
-	}
-	self, err := os.Executable()
+	informerd, self, err := binaries(*bin)
 	if err != nil {
 		return err
 	}
@@ -128,18 +120,7 @@ func runStatusBench(args []string) error {
 		}
 	}
 	rep.print(os.Stdout)
-	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(*out, append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	say("wrote %s", *out)
-	return nil
+	return writeReport(*out, rep)
 }
 
 type statusHarness struct {

@@ -39,13 +39,21 @@ func kubectlFactory(t *testing.T) cmdutil.Factory {
 	return cmdutil.NewFactory(cmdutil.NewMatchVersionFlags(flags))
 }
 
-func newApplier(t *testing.T, sw watcher.StatusWatcher) *apply.Applier {
+// inventoryClient returns a kubectl factory and a ConfigMap inventory
+// client over it.
+func inventoryClient(t *testing.T) (cmdutil.Factory, inventory.Client) {
 	t.Helper()
 	f := kubectlFactory(t)
 	inv, err := inventory.ClusterClientFactory{StatusPolicy: inventory.StatusPolicyAll}.NewClient(f)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f, inv
+}
+
+func newApplier(t *testing.T, sw watcher.StatusWatcher) *apply.Applier {
+	t.Helper()
+	f, inv := inventoryClient(t)
 	b := apply.NewApplierBuilder().WithFactory(f).WithInventoryClient(inv)
 	if sw != nil {
 		b = b.WithStatusWatcher(sw)
@@ -59,11 +67,7 @@ func newApplier(t *testing.T, sw watcher.StatusWatcher) *apply.Applier {
 
 func newDestroyer(t *testing.T, sw watcher.StatusWatcher) *apply.Destroyer {
 	t.Helper()
-	f := kubectlFactory(t)
-	inv, err := inventory.ClusterClientFactory{StatusPolicy: inventory.StatusPolicyAll}.NewClient(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, inv := inventoryClient(t)
 	b := apply.NewDestroyerBuilder().WithFactory(f).WithInventoryClient(inv)
 	if sw != nil {
 		b = b.WithStatusWatcher(sw)

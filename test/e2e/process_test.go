@@ -19,32 +19,33 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-var (
-	binMu   sync.Mutex // guards binDir and binErrs
-	binDir  string
-	binErrs = map[string]error{}
-)
+// bins are the binaries the tests built, once per test binary.
+var bins struct {
+	mu   sync.Mutex // guards dir and errs
+	dir  string
+	errs map[string]error // by name: nil once built
+}
 
 // binary builds cmd/<name> once per test binary and returns its path.
 func binary(t *testing.T, name string) string {
 	t.Helper()
-	binMu.Lock()
-	defer binMu.Unlock()
-	if binDir == "" {
+	bins.mu.Lock()
+	defer bins.mu.Unlock()
+	if bins.dir == "" {
 		dir, err := os.MkdirTemp("", "informerd-e2e-bin-")
 		if err != nil {
 			t.Fatal(err)
 		}
-		binDir = dir
+		bins.dir, bins.errs = dir, map[string]error{}
 	}
-	path := filepath.Join(binDir, name)
-	err, built := binErrs[name]
+	path := filepath.Join(bins.dir, name)
+	err, built := bins.errs[name]
 	if !built {
 		out, buildErr := exec.Command("go", "build", "-o", path, "github.com/informerd/informerd/cmd/"+name).CombinedOutput()
 		if buildErr != nil {
 			err = fmt.Errorf("building %s: %w\n%s", name, buildErr, out)
 		}
-		binErrs[name] = err
+		bins.errs[name] = err
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -444,4 +446,37 @@ func TestInformerctlStatus(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "Current\tGate."+gateGroup+" "+ns+"/gate\t") {
 		t.Fatalf("with every object Current: exit %d, stdout %q, stderr %q; want 0", code, stdout, stderr)
 	}
+}
+
+// TestStatusForbiddenIsTerminal: when the daemon may not read a resource a
+// status stream needs, the applier's watcher gets a terminal Forbidden
+// ErrorEvent and its channel closes, as with cli-utils' own watcher.
+func TestStatusForbiddenIsTerminal(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin := kubernetes.NewForConfigOrDie(env.RESTConfig())
+	nsA, nsB := createNamespace(ctx, t, "allowed"), createNamespace(ctx, t, "denied")
+	read := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}
+	if err := controlplane.Grant(ctx, admin, nsA, "daemon", nsA, read); err != nil {
+		t.Fatal(err)
+	}
+	token, err := controlplane.ServiceAccountToken(ctx, admin, nsA, "daemon")
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemonIdentity := kubernetes.NewForConfigOrDie(env.TokenConfig(token))
+	eventually(ctx, t, "the daemon's ServiceAccount may list configmaps in "+nsA, func() bool {
+		_, err := daemonIdentity.CoreV1().ConfigMaps(nsA).List(ctx, metav1.ListOptions{})
+		return err == nil
+	})
+	d := startDaemon(t, cache.Options{Config: env.TokenConfig(token)})
+	id := object.ObjMetadata{GroupKind: schema.GroupKind{Kind: "ConfigMap"}, Namespace: nsB, Name: "x"}
+	var got []event.Event
+	for ev := range d.statusWatcher(t, "forbidden").Watch(ctx, object.ObjMetadataSet{id}, watcher.Options{}) {
+		got = append(got, ev)
+	}
+	if len(got) != 1 || got[0].Type != event.ErrorEvent || !apierrors.IsForbidden(got[0].Error) {
+		t.Fatalf("events %v, want one Forbidden ErrorEvent, then the channel closed", got)
+	}
+	t.Logf("error event: %v", got[0].Error)
 }
