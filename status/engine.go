@@ -363,7 +363,10 @@ func (e *Engine) checkSynced(w *Watch) {
 
 // flush recomputes the dirty targets and re-arms the timer.
 func (e *Engine) flush() {
-	touched := map[*Watch]struct{}{}
+	var touched map[*Watch]struct{}
+	if len(e.dirty) > 0 {
+		touched = map[*Watch]struct{}{}
+	}
 	for t, changed := range e.dirty {
 		delete(e.dirty, t)
 		if !t.feed.known() || (t.feed.state == feedSynced && !allKnown(t.gen)) {

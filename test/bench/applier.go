@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -61,6 +62,7 @@ func runApplier(args []string) error {
 	n := fs.Int("deployments", 100, "Deployments to apply")
 	qps := fs.Float64("qps", 100, "the applier's client QPS (burst twice that), as a CLI would set it")
 	timeout := fs.Duration("timeout", 20*time.Minute, "reconcile timeout")
+	memProfile := fs.String("memprofile", "", "write an allocation profile here at the end")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -135,6 +137,11 @@ func runApplier(args []string) error {
 		}
 	}
 	res.WallSeconds = time.Since(start).Seconds()
+	if *memProfile != "" {
+		if err := writeAllocs(*memProfile); err != nil {
+			return err
+		}
+	}
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	res.TotalAlloc, res.Mallocs = ms.TotalAlloc, ms.Mallocs
@@ -165,4 +172,13 @@ func benchDeployment(ns, name string) *unstructured.Unstructured {
 			},
 		},
 	}}
+}
+
+func writeAllocs(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return pprof.Lookup("allocs").WriteTo(f, 0)
 }

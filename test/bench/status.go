@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -79,6 +80,7 @@ func runStatusBench(args []string) error {
 	fs.Float64Var(&w.ApplierQPS, "applier-qps", w.ApplierQPS, "each applier's client QPS (burst twice that)")
 	fs.IntVar(&w.ControllerQPS, "controller-qps", w.ControllerQPS, "kube-controller-manager's --kube-api-qps (burst twice that)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "longest reconcile wait of one applier")
+	profiles := fs.String("memprofile-dir", "", "if set, each applier writes its allocation profile here")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -107,7 +109,7 @@ func runStatusBench(args []string) error {
 		return err
 	}
 	defer cp.Stop()
-	h := &statusHarness{cp: cp, w: w, self: self, informerd: informerd, timeout: *timeout}
+	h := &statusHarness{cp: cp, w: w, self: self, informerd: informerd, timeout: *timeout, profiles: *profiles}
 	rep := statusReport{Machine: describeMachine(cp), Workload: w, Command: "make bench-status BENCH_STATUS_FLAGS='" + strings.Join(args, " ") + "'"}
 	for _, n := range w.Appliers {
 		for _, mode := range w.Modes {
@@ -129,6 +131,7 @@ type statusHarness struct {
 	self      string
 	informerd string
 	timeout   time.Duration
+	profiles  string // directory for the appliers' allocation profiles, or ""
 	runs      int
 }
 
@@ -181,6 +184,9 @@ func (h *statusHarness) run(ctx context.Context, mode string, n int) (statusRun,
 			"-deployments", strconv.Itoa(h.w.Deployments), "-qps", strconv.FormatFloat(h.w.ApplierQPS, 'f', -1, 64), "-timeout", h.timeout.String()}
 		if d != nil {
 			args = append(args, "-socket", d.socket)
+		}
+		if h.profiles != "" {
+			args = append(args, "-memprofile", filepath.Join(h.profiles, ns+".allocs"))
 		}
 		g.Go(func() error { return runApplierProcess(gctx, h.self, args, &r.Results[i]) })
 	}
