@@ -455,7 +455,9 @@ func (e *Engine) onTimer() {
 		if !t.due.After(now) {
 			t.due = time.Time{}
 			delete(e.timed, t)
-			e.dirty[t] = e.dirty[t] // a re-check, not a change, unless one is pending
+			if _, pending := e.dirty[t]; !pending {
+				e.dirty[t] = false // a re-check, not a change
+			}
 		}
 	}
 	e.timedChange = true

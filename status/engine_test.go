@@ -324,7 +324,9 @@ func TestGeneratedResources(t *testing.T) {
 		}
 
 		notReady := pod("ns", "web-1", labels, true)
-		unstructured.SetNestedSlice(notReady.Object, []any{map[string]any{"type": "Ready", "status": "False"}}, "status", "conditions")
+		if err := unstructured.SetNestedSlice(notReady.Object, []any{map[string]any{"type": "Ready", "status": "False"}}, "status", "conditions"); err != nil {
+			t.Fatal(err)
+		}
 		src.put(t, notReady)
 		synctest.Wait()
 		b = poll(t, w)

@@ -138,7 +138,7 @@ func (v *statusView) draw(final bool) {
 	}
 	_ = tw.Flush()
 	v.lines = strings.Count(b.String(), "\n")
-	fmt.Fprint(v.out, b.String())
+	_, _ = io.WriteString(v.out, b.String()) // a terminal that went away: nothing to do
 }
 
 // notCurrent describes the objects whose latest status is not Current.
