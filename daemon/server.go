@@ -156,8 +156,8 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 type sender struct {
 	stream  grpc.ServerStream
 	timeout time.Duration
-	batches chan any // messages; unbuffered: taken when the previous send is done
-	failed  chan error  // the send error that ended the goroutine
+	batches chan any   // messages; unbuffered: taken when the previous send is done
+	failed  chan error // the send error that ended the goroutine
 	done    chan struct{}
 	stuck   bool // a send timed out
 }
