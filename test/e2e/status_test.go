@@ -167,19 +167,19 @@ func TestUnschedulablePodFailsAfter15s(t *testing.T) {
 	}
 }
 
-// gateGroup is the group of the Gate CRD that the tests holding reconcile
-// waits open share.
-const gateGroup = "gates.e2e.informerd.dev"
-
-func createGateCRD(ctx context.Context, t *testing.T) {
+// createGateCRD creates a Gate CRD, in a group of the test's own (a CRD
+// deleted by the previous test may still be going), and returns the group.
+func createGateCRD(ctx context.Context, t *testing.T) string {
 	t.Helper()
-	createCRD(ctx, t, dynamic.NewForConfigOrDie(env.RESTConfig()), schema.GroupVersionResource{Group: gateGroup, Version: "v1", Resource: "gates"}, "Gate")
+	group := rand.String(6) + ".gates.e2e.informerd.dev"
+	createCRD(ctx, t, dynamic.NewForConfigOrDie(env.RESTConfig()), schema.GroupVersionResource{Group: group, Version: "v1", Resource: "gates"}, "Gate")
+	return group
 }
 
 // gatedInventory is an applier's inventory in namespace ns: a ConfigMap,
 // a Deployment of one replica, a Service and a Gate that holds the
 // reconcile wait open until openGate.
-func gatedInventory(ns string) []*unstructured.Unstructured {
+func gatedInventory(gateGroup, ns string) []*unstructured.Unstructured {
 	return []*unstructured.Unstructured{
 		u("v1", "ConfigMap", ns, "config", map[string]any{"data": map[string]any{"k": "v"}}),
 		deploymentObj(ns, "web", 1, nil),
@@ -190,21 +190,23 @@ func gatedInventory(ns string) []*unstructured.Unstructured {
 
 // statusResources are the resources whose upstream watches the appliers
 // of gatedInventory cost: the inventory's, then the generated ones.
-var statusResources = []schema.GroupVersionResource{
-	{Version: "v1", Resource: "configmaps"},
-	{Group: "apps", Version: "v1", Resource: "deployments"},
-	{Version: "v1", Resource: "services"},
-	{Group: gateGroup, Version: "v1", Resource: "gates"},
-	{Group: "apps", Version: "v1", Resource: "replicasets"},
-	{Version: "v1", Resource: "pods"},
+func statusResources(gateGroup string) []schema.GroupVersionResource {
+	return []schema.GroupVersionResource{
+		{Version: "v1", Resource: "configmaps"},
+		{Group: "apps", Version: "v1", Resource: "deployments"},
+		{Version: "v1", Resource: "services"},
+		{Group: gateGroup, Version: "v1", Resource: "gates"},
+		{Group: "apps", Version: "v1", Resource: "replicasets"},
+		{Version: "v1", Resource: "pods"},
+	}
 }
 
-// watchCounts is the API server's number of watches of each
-// statusResources, in order.
-func watchCounts(ctx context.Context, t *testing.T) []int {
+// watchCounts is the API server's number of watches of each resource, in
+// order.
+func watchCounts(ctx context.Context, t *testing.T, resources []schema.GroupVersionResource) []int {
 	m := scrapeAPIServer(ctx, t)
-	out := make([]int, len(statusResources))
-	for i, gvr := range statusResources {
+	out := make([]int, len(resources))
+	for i, gvr := range resources {
 		out[i] = int(m.sum("apiserver_longrunning_requests", map[string]string{"verb": "WATCH", "group": gvr.Group, "resource": gvr.Resource}))
 	}
 	return out
@@ -222,14 +224,14 @@ func sub(a, b []int) []int {
 // a namespace of its own with the StatusWatcher sw gives, and returns the
 // upstream watches per statusResources that they add while all of them
 // wait (compared with before), then lets them finish.
-func appliersWatches(ctx context.Context, t *testing.T, n int, invNS string, sw func(i int) watcher.StatusWatcher) []int {
+func appliersWatches(ctx context.Context, t *testing.T, n int, invNS, gateGroup string, sw func(i int) watcher.StatusWatcher) []int {
 	t.Helper()
 	settled := func() []int {
 		// The API server counts a watch shortly after it opens or closes:
 		// take the count once it stopped moving.
 		var last []int
 		eventually(ctx, t, "watch counts settle", func() bool {
-			c := watchCounts(ctx, t)
+			c := watchCounts(ctx, t, statusResources(gateGroup))
 			ok := slices.Equal(c, last)
 			last = c
 			hold(ctx, 500*time.Millisecond)
@@ -244,7 +246,7 @@ func appliersWatches(ctx context.Context, t *testing.T, n int, invNS string, sw 
 		namespaces[i] = createNamespace(ctx, t, "applier")
 	}
 	for i, ns := range namespaces {
-		runs[i] = startApply(ctx, newApplier(t, sw(i)), invNS, "gated-"+ns, gatedInventory(ns), 3*time.Minute)
+		runs[i] = startApply(ctx, newApplier(t, sw(i)), invNS, "gated-"+ns, gatedInventory(gateGroup, ns), 3*time.Minute)
 	}
 	gate := object.ObjMetadata{GroupKind: schema.GroupKind{Group: gateGroup, Kind: "Gate"}, Name: "gate"}
 	eventually(ctx, t, "every applier waits for its Gate", func() bool {
@@ -259,7 +261,7 @@ func appliersWatches(ctx context.Context, t *testing.T, n int, invNS string, sw 
 	during := settled()
 	for i, r := range runs {
 		openGate(ctx, t, gateGroup, namespaces[i], "gate")
-		objs := gatedInventory(namespaces[i])
+		objs := gatedInventory(gateGroup, namespaces[i])
 		r.wait(ctx, t).expectReconciled(t, "applier in "+namespaces[i], object.UnstructuredSetToObjMetadataSet(objs), kstatus.CurrentStatus)
 	}
 	return sub(during, before)
@@ -273,20 +275,20 @@ func appliersWatches(ctx context.Context, t *testing.T, n int, invNS string, sw 
 func TestAppliersShareUpstreamWatches(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	createGateCRD(ctx, t)
+	gateGroup := createGateCRD(ctx, t)
 	invNS := createNamespace(ctx, t, "inventory")
 	throughDaemon := func(n int) []int {
 		d := startDaemon(t, cache.Options{})
 		defer d.stop() // its informers stop with it: the next phase starts from nothing
-		return appliersWatches(ctx, t, n, invNS, func(i int) watcher.StatusWatcher { return d.statusWatcher(t, fmt.Sprintf("applier-%d", i)) })
+		return appliersWatches(ctx, t, n, invNS, gateGroup, func(i int) watcher.StatusWatcher { return d.statusWatcher(t, fmt.Sprintf("applier-%d", i)) })
 	}
 	direct := func(n int) []int {
-		return appliersWatches(ctx, t, n, invNS, func(int) watcher.StatusWatcher { return nil })
+		return appliersWatches(ctx, t, n, invNS, gateGroup, func(int) watcher.StatusWatcher { return nil })
 	}
 	oneDaemon, fiveDaemon := throughDaemon(1), throughDaemon(5)
 	oneDirect, fiveDirect := direct(1), direct(5)
 	var b strings.Builder
-	fmt.Fprintf(&b, "upstream watches added while the appliers wait (%s):\n", resourceNames())
+	fmt.Fprintf(&b, "upstream watches added while the appliers wait (%s):\n", resourceNames(statusResources(gateGroup)))
 	for _, row := range []struct {
 		name string
 		n    []int
@@ -306,9 +308,9 @@ func TestAppliersShareUpstreamWatches(t *testing.T) {
 	}
 }
 
-func resourceNames() string {
+func resourceNames(resources []schema.GroupVersionResource) string {
 	var names []string
-	for _, gvr := range statusResources {
+	for _, gvr := range resources {
 		names = append(names, gvr.Resource)
 	}
 	return strings.Join(names, ", ")
@@ -363,12 +365,12 @@ func TestConcurrentCRDsAndObjects(t *testing.T) {
 func TestDaemonRestartDuringReconcileWait(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	createGateCRD(ctx, t)
+	gateGroup := createGateCRD(ctx, t)
 	invNS := createNamespace(ctx, t, "inventory")
 	ns := createNamespace(ctx, t, "restart")
 	socket := filepath.Join(t.TempDir(), "informerd.sock")
 	d := startDaemonAt(t, socket, cache.Options{})
-	objs := gatedInventory(ns)
+	objs := gatedInventory(gateGroup, ns)
 	ids := object.UnstructuredSetToObjMetadataSet(objs)
 	r := startApply(ctx, newApplier(t, d.statusWatcher(t, "restart")), invNS, "restart", objs, 3*time.Minute)
 	deployment := object.ObjMetadata{GroupKind: schema.GroupKind{Group: "apps", Kind: "Deployment"}, Namespace: ns, Name: "web"}
@@ -409,7 +411,7 @@ func TestDaemonRestartDuringReconcileWait(t *testing.T) {
 func TestInformerctlStatus(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	createGateCRD(ctx, t)
+	gateGroup := createGateCRD(ctx, t)
 	ns := createNamespace(ctx, t, "ctl")
 	d := startDaemon(t, cache.Options{})
 	dyn := dynamic.NewForConfigOrDie(env.RESTConfig())
