@@ -55,7 +55,7 @@ chaos: controlplane ## A long seeded chaos run (faults + mutations; CHAOS_DURATI
 
 # FUZZTIME is how long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := ./cache:FuzzDecodeObject ./cache:FuzzDecodeProtoObject ./cache:FuzzWatchStream ./daemon:FuzzValidateWatch ./daemon:FuzzValidateWatchAddress ./client:FuzzWatcherApply
+FUZZ_TARGETS := ./cache:FuzzDecodeObject ./cache:FuzzDecodeProtoObject ./cache:FuzzWatchStream ./daemon:FuzzValidateWatch ./daemon:FuzzValidateWatchAddress ./daemon:FuzzValidateWatchStatus ./client:FuzzWatcherApply
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s).
@@ -104,6 +104,14 @@ BENCH_COUNT ?= 1
 bench: controlplane build ## Direct client-go informers vs informerd, side by side on the local control plane (BENCH_QUICK=1: a few minutes).
 	$(GO) build -o $(BIN)/bench ./test/bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench -bin $(BIN) $(BENCH_FLAGS)
+
+# BENCH_STATUS_FLAGS go to `bench status` (e.g. BENCH_STATUS_FLAGS="-deployments 1000 -appliers 1").
+BENCH_STATUS_FLAGS ?=
+
+.PHONY: bench-status
+bench-status: controlplane build ## cli-utils appliers waiting through informerd's WatchStatus vs DefaultStatusWatcher (default 200 Deployments per applier, 1 then 5 appliers).
+	$(GO) build -o $(BIN)/bench ./test/bench
+	$(BIN)/bench status -bin $(BIN) $(BENCH_STATUS_FLAGS)
 
 .PHONY: bench-go
 bench-go: ## The Go benchmarks (fan-out over Unix sockets vs the raw baseline, the cache, address answers) with -benchmem.

@@ -317,6 +317,14 @@ func namespaceOrCluster(ns string) string {
 	return "namespace " + ns
 }
 
+// Resolve returns the Key that Subscribe would serve req from, without
+// starting anything; with req.WaitForResource it waits for the resource
+// to appear. Errors are Subscribe's.
+func (m *Manager) Resolve(ctx context.Context, req Request) (Key, error) {
+	key, _, err := m.resolve(ctx, req)
+	return key, err
+}
+
 // resolve maps a request to the Key that serves it.
 func (m *Manager) resolve(ctx context.Context, req Request) (Key, schema.GroupVersionKind, error) {
 	mapping, err := m.lookup(ctx, req)

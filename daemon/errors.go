@@ -10,6 +10,7 @@ import (
 
 	"github.com/informerd/informerd/cache"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+	statusengine "github.com/informerd/informerd/status"
 )
 
 var (
@@ -33,8 +34,10 @@ func toStatus(err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, cache.ErrLimit):
 		code = codes.ResourceExhausted
+	case errors.Is(err, statusengine.ErrForbidden):
+		code = codes.PermissionDenied
 	case errors.Is(err, cache.ErrNotSynced), errors.Is(err, cache.ErrStopped), errors.Is(err, cache.ErrTooNew),
-		errors.Is(err, errShuttingDown), errors.Is(err, errWriteTimeout):
+		errors.Is(err, errShuttingDown), errors.Is(err, errWriteTimeout), errors.Is(err, statusengine.ErrStopped):
 		code = codes.Unavailable
 	case errors.Is(err, context.Canceled):
 		code = codes.Canceled

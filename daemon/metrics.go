@@ -8,6 +8,9 @@ type metrics struct {
 	eventsOut     prometheus.Counter
 	bytesOut      prometheus.Counter
 	requestErrors *prometheus.CounterVec
+	// statusStreams and statusEventsOut are WatchStatus's.
+	statusStreams   prometheus.Gauge
+	statusEventsOut prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -16,11 +19,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		eventsOut: prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_events_out_total", Help: "Events written to watch streams."}),
 		bytesOut:  prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_bytes_out_total", Help: "Encoded event bytes written to watch streams."}),
 		requestErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "informerd_stream_errors_total", Help: "Watch streams ended with an error, by gRPC code.",
+			Name: "informerd_stream_errors_total", Help: "Watch and WatchStatus streams ended with an error, by gRPC code.",
 		}, []string{"code"}),
+		statusStreams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "informerd_status_streams", Help: "WatchStatus streams open."}),
+		statusEventsOut: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "informerd_status_events_out_total", Help: "Status events (statuses and SYNCED markers) written to WatchStatus streams.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.streams, m.eventsOut, m.bytesOut, m.requestErrors)
+		reg.MustRegister(m.streams, m.eventsOut, m.bytesOut, m.requestErrors, m.statusStreams, m.statusEventsOut)
 	}
 	return m
 }

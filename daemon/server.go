@@ -19,13 +19,18 @@ import (
 	"github.com/informerd/informerd/address"
 	"github.com/informerd/informerd/cache"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+	statusengine "github.com/informerd/informerd/status"
 )
 
 // Options configure a Server. Zero values take the documented defaults.
 type Options struct {
 	// Cache serves the subscriptions. Required.
 	Cache *cache.Manager
-	// MaxBatchEvents bounds the events in one WatchResponse. Default 256.
+	// Status serves WatchStatus. Default: none (WatchStatus answers
+	// UNIMPLEMENTED). The caller closes it after the streams end.
+	Status *statusengine.Engine
+	// MaxBatchEvents bounds the events in one WatchResponse or
+	// WatchStatusResponse. Default 256.
 	MaxBatchEvents int
 	// MaxBatchBytes bounds the encoded size of one WatchResponse, except
 	// that a single larger event is sent alone. Default 1 MiB.

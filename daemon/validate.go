@@ -1,18 +1,23 @@
 package daemon
 
 import (
+	"fmt"
 	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	"k8s.io/apimachinery/pkg/api/validation/path"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/cli-utils/pkg/kstatus/watcher"
+	"sigs.k8s.io/cli-utils/pkg/object"
 
 	"github.com/informerd/informerd/cache"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+	statusengine "github.com/informerd/informerd/status"
 )
 
 // maxClientName bounds WatchRequest.client_name.
@@ -185,4 +190,71 @@ func validateGet(req *informerdv1.GetRequest) (cache.Request, string, cache.View
 		Holder:       holder,
 		Protobuf:     protobuf,
 	}, name, view, nil
+}
+
+// maxStatusObjects bounds the objects of one WatchStatusRequest.
+const maxStatusObjects = 20000
+
+// validateWatchStatus turns a WatchStatusRequest into a status.Request, or
+// returns an INVALID_ARGUMENT status naming the object and what is wrong.
+func validateWatchStatus(req *informerdv1.WatchStatusRequest) (statusengine.Request, error) {
+	objs := req.GetObjects()
+	if len(objs) > maxStatusObjects {
+		return statusengine.Request{}, invalid("objects: %d objects, at most %d are allowed in one request", len(objs), maxStatusObjects)
+	}
+	ids := make(object.ObjMetadataSet, 0, len(objs))
+	for i, o := range objs {
+		if err := validateObjectReference(o); err != "" {
+			return statusengine.Request{}, invalid("objects[%d]: %s", i, err)
+		}
+		ids = append(ids, object.ObjMetadata{
+			GroupKind: schema.GroupKind{Group: o.GetGroup(), Kind: o.GetKind()}, Namespace: o.GetNamespace(), Name: o.GetName(),
+		})
+	}
+	var strategy watcher.RESTScopeStrategy
+	switch req.GetScopeStrategy() {
+	case informerdv1.ScopeStrategy_SCOPE_STRATEGY_UNSPECIFIED, informerdv1.ScopeStrategy_SCOPE_STRATEGY_AUTOMATIC:
+		strategy = watcher.RESTScopeAutomatic
+	case informerdv1.ScopeStrategy_SCOPE_STRATEGY_ROOT:
+		strategy = watcher.RESTScopeRoot
+	case informerdv1.ScopeStrategy_SCOPE_STRATEGY_NAMESPACE:
+		strategy = watcher.RESTScopeNamespace
+	default:
+		return statusengine.Request{}, invalid("scope_strategy %d is not a known ScopeStrategy", req.GetScopeStrategy())
+	}
+	holder, err := holderName(req.GetClientName())
+	if err != nil {
+		return statusengine.Request{}, err
+	}
+	return statusengine.Request{IDs: ids, Strategy: strategy, Holder: holder}, nil
+}
+
+// validateObjectReference returns what is wrong with o, or "".
+func validateObjectReference(o *informerdv1.ObjectReference) string {
+	switch {
+	case o.GetKind() == "":
+		return `kind is required, for example "Deployment"`
+	case len(validation.IsDNS1035Label(strings.ToLower(o.GetKind()))) > 0:
+		return fmt.Sprintf("kind %q: %s", short(o.GetKind()), validation.IsDNS1035Label(strings.ToLower(o.GetKind()))[0])
+	case o.GetGroup() != "" && len(validation.IsDNS1123Subdomain(o.GetGroup())) > 0:
+		return fmt.Sprintf("group %q: %s", short(o.GetGroup()), validation.IsDNS1123Subdomain(o.GetGroup())[0])
+	case o.GetNamespace() != "" && len(validation.IsDNS1123Label(o.GetNamespace())) > 0:
+		return fmt.Sprintf("namespace %q: %s", short(o.GetNamespace()), validation.IsDNS1123Label(o.GetNamespace())[0])
+	case o.GetName() == "":
+		return "name is required"
+	case len(o.GetName()) > maxName:
+		return fmt.Sprintf("name %q is %d bytes long, at most %d are allowed", short(o.GetName()), len(o.GetName()), maxName)
+	case len(content.IsPathSegmentName(o.GetName())) > 0:
+		return fmt.Sprintf("name %q: %s", short(o.GetName()), content.IsPathSegmentName(o.GetName())[0])
+	}
+	return ""
+}
+
+// short returns at most the first 64 bytes of s, for quoting what a client
+// sent in an error.
+func short(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
 }

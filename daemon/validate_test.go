@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -34,6 +35,74 @@ func FuzzValidateWatch(f *testing.F) {
 		_, _, err := validateWatch(req)
 		if err != nil && status.Code(err) != codes.InvalidArgument {
 			t.Fatalf("validateWatch(%v) = %v, want nil or InvalidArgument", req, err)
+		}
+	})
+}
+
+// TestValidateWatchStatus: each malformed object is refused with
+// INVALID_ARGUMENT naming its index and field, quoting at most a short
+// prefix of what was sent; valid requests keep every object.
+func TestValidateWatchStatus(t *testing.T) {
+	ref := func(group, kind, ns, name string) *informerdv1.ObjectReference {
+		return &informerdv1.ObjectReference{Group: group, Kind: kind, Namespace: ns, Name: name}
+	}
+	long := strings.Repeat("x", 300)
+	for _, tc := range []struct {
+		name string
+		req  *informerdv1.WatchStatusRequest
+		want string // "" for valid
+	}{
+		{"valid", &informerdv1.WatchStatusRequest{Objects: []*informerdv1.ObjectReference{
+			ref("apps", "Deployment", "ns", "web"), ref("", "Namespace", "", "ns"), ref("rbac.authorization.k8s.io", "ClusterRole", "", "system:controller:x"),
+		}}, ""},
+		{"no kind", &informerdv1.WatchStatusRequest{Objects: []*informerdv1.ObjectReference{ref("", "", "ns", "a")}}, "objects[0]: kind is required"},
+		{"bad group", &informerdv1.WatchStatusRequest{Objects: []*informerdv1.ObjectReference{ref("apps", "Deployment", "ns", "a"), ref("Not A Group", "X", "", "a")}}, "objects[1]: group"},
+		{"bad namespace", &informerdv1.WatchStatusRequest{Objects: []*informerdv1.ObjectReference{ref("", "ConfigMap", "Bad_NS", "a")}}, "objects[0]: namespace"},
+		{"no name", &informerdv1.WatchStatusRequest{Objects: []*informerdv1.ObjectReference{ref("", "ConfigMap", "ns", "")}}, "objects[0]: name is required"},
+		{"long name", &informerdv1.WatchStatusRequest{Objects: []*informerdv1.ObjectReference{ref("", "ConfigMap", "ns", long)}}, "is 300 bytes long"},
+		{"slash in name", &informerdv1.WatchStatusRequest{Objects: []*informerdv1.ObjectReference{ref("", "ConfigMap", "ns", "a/b")}}, "objects[0]: name"},
+		{"bad strategy", &informerdv1.WatchStatusRequest{ScopeStrategy: 9}, "scope_strategy 9"},
+		{"too many", &informerdv1.WatchStatusRequest{Objects: make([]*informerdv1.ObjectReference, maxStatusObjects+1)}, "at most 20000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := validateWatchStatus(tc.req)
+			if tc.want == "" {
+				if err != nil || len(got.IDs) != len(tc.req.GetObjects()) {
+					t.Fatalf("validateWatchStatus = %v, %v; want %d objects", got, err, len(tc.req.GetObjects()))
+				}
+				return
+			}
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("validateWatchStatus = %v, want INVALID_ARGUMENT containing %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), long[:65]) {
+				t.Fatalf("message quotes more than 64 bytes of the request: %v", err)
+			}
+		})
+	}
+}
+
+// FuzzValidateWatchStatus: any WatchStatusRequest the wire can carry is
+// either accepted or refused with INVALID_ARGUMENT; validation never
+// panics.
+func FuzzValidateWatchStatus(f *testing.F) {
+	for _, s := range []*informerdv1.WatchStatusRequest{
+		{Objects: []*informerdv1.ObjectReference{{Group: "apps", Kind: "Deployment", Namespace: "ns", Name: "web"}}, ScopeStrategy: 2},
+		{Objects: []*informerdv1.ObjectReference{{Kind: "Namespace", Name: "x"}, {Kind: "", Name: "%"}}, ClientName: "c"},
+	} {
+		b, err := proto.Marshal(s)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req := &informerdv1.WatchStatusRequest{}
+		if proto.Unmarshal(b, req) != nil {
+			return
+		}
+		if _, err := validateWatchStatus(req); err != nil && status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("validateWatchStatus(%v) = %v, want nil or InvalidArgument", req, err)
 		}
 	})
 }

@@ -3,6 +3,7 @@
 //	informerctl [-address A] informers            list informers, holders and lag
 //	informerctl [-address A] watch -resource R    stream changes of a resource
 //	informerctl [-address A] address IP:PORT [-w] who is behind an address
+//	informerctl [-address A] status -f DIR|FILE|- show the kstatus of manifests' objects live
 //
 // watch prints one tab-separated line per change (ADDED, MODIFIED or
 // DELETED, the object's key, its resourceVersion) and SYNCED once the
@@ -10,6 +11,12 @@
 //
 // address prints the answer for an address as one line (see printAnswer)
 // and, with -w, one line per change until it is stopped.
+//
+// status shows a table of the objects' kstatus, redrawn in place on a
+// terminal (else one tab-separated line per change: status, object,
+// message; SYNCED once every object's status is known). It exits 0 once
+// every object is Current, and 1 naming the objects that are not when
+// -timeout expires.
 package main
 
 import (
@@ -45,7 +52,7 @@ func run(args []string) error {
 		return err
 	}
 	if fs.NArg() == 0 {
-		return errors.New("missing command: informers, watch or address")
+		return errors.New("missing command: informers, watch, address or status")
 	}
 	c, err := client.Dial(*address)
 	if err != nil {
@@ -61,8 +68,10 @@ func run(args []string) error {
 		return watchCmd(ctx, c, fs.Args()[1:])
 	case "address":
 		return addressCmd(ctx, c, fs.Args()[1:], os.Stdout)
+	case "status":
+		return statusCmd(ctx, c, fs.Args()[1:])
 	default:
-		return fmt.Errorf("unknown command %q: want informers, watch or address", cmd)
+		return fmt.Errorf("unknown command %q: want informers, watch, address or status", cmd)
 	}
 }
 

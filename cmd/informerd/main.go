@@ -31,6 +31,7 @@ import (
 	"github.com/informerd/informerd/daemon"
 	"github.com/informerd/informerd/internal/version"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+	"github.com/informerd/informerd/status"
 )
 
 // config is the parsed command line.
@@ -220,7 +221,12 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		return err
 	}
 	defer mgr.Close()
-	srv, err := daemon.New(daemon.Options{Cache: mgr, WriteTimeout: c.writeTimeout, AddressRelated: c.addressRelated, Logger: log, Registerer: reg})
+	statuses, err := status.New(status.Options{Cache: mgr, Logger: log, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	defer statuses.Close() // after the streams end, before the informers stop
+	srv, err := daemon.New(daemon.Options{Cache: mgr, Status: statuses, WriteTimeout: c.writeTimeout, AddressRelated: c.addressRelated, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
 	}

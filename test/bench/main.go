@@ -5,6 +5,10 @@
 //
 // `bench client ...` is the role of one client process; the harness starts
 // itself in that role.
+//
+// `bench status` measures cli-utils appliers waiting for their Deployments
+// through informerd's WatchStatus vs through cli-utils' DefaultStatusWatcher
+// (status.go); `bench applier ...` is the role of one applier process.
 package main
 
 import (
@@ -28,9 +32,14 @@ import (
 
 func main() {
 	var err error
-	if len(os.Args) > 1 && os.Args[1] == "client" {
+	switch {
+	case len(os.Args) > 1 && os.Args[1] == "client":
 		err = runClient(os.Args[2:])
-	} else {
+	case len(os.Args) > 1 && os.Args[1] == "status":
+		err = runStatusBench(os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "applier":
+		err = runApplier(os.Args[2:])
+	default:
 		err = run()
 	}
 	if err != nil {
@@ -81,14 +90,7 @@ func run() error {
 	if w.ConfigMaps < 1 || w.Updates < 1 || w.Rate < 1 || w.Pods < 0 {
 		return errors.New("-configmaps, -updates and -rate must be at least 1, -pods at least 0")
 	}
-	informerd, err := filepath.Abs(filepath.Join(*bin, "informerd"))
-	if err != nil {
-		return err
-	}
-	if _, err := os.Stat(informerd); err != nil {
-		return fmt.Errorf("-bin: %w (run make build)", err)
-	}
-	self, err := os.Executable()
+	informerd, self, err := binaries(*bin)
 	if err != nil {
 		return err
 	}
@@ -123,17 +125,35 @@ func run() error {
 	}
 	rep.summarize()
 	rep.print(os.Stdout)
-	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+	return writeReport(*out, rep)
+}
+
+// binaries returns the informerd binary in bin and this one.
+func binaries(bin string) (informerd, self string, err error) {
+	informerd, err = filepath.Abs(filepath.Join(bin, "informerd"))
+	if err != nil {
+		return "", "", err
+	}
+	if _, err := os.Stat(informerd); err != nil {
+		return "", "", fmt.Errorf("-bin: %w (run make build)", err)
+	}
+	self, err = os.Executable()
+	return informerd, self, err
+}
+
+// writeReport writes rep as indented JSON to path.
+func writeReport(path string, rep any) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
 	b, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(*out, append(b, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
 		return err
 	}
-	say("wrote %s", *out)
+	say("wrote %s", path)
 	return nil
 }
 

@@ -59,6 +59,10 @@ type Options struct {
 	Detach bool
 	// APIServerFlags are appended to kube-apiserver's command line.
 	APIServerFlags []string
+	// ControllerManagerFlags are appended to kube-controller-manager's
+	// (for example a higher --kube-api-qps for a benchmark's thousands of
+	// Deployments).
+	ControllerManagerFlags []string
 	// Logf receives progress lines. Default: discard.
 	Logf func(format string, args ...any)
 }
@@ -178,14 +182,14 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	}
 
 	if opts.ControllerManager {
-		if err := cp.startProcess("kube-controller-manager",
-			"--kubeconfig="+cp.KubeconfigPath,
-			"--authentication-kubeconfig="+cp.KubeconfigPath,
-			"--authorization-kubeconfig="+cp.KubeconfigPath,
+		if err := cp.startProcess("kube-controller-manager", append([]string{
+			"--kubeconfig=" + cp.KubeconfigPath,
+			"--authentication-kubeconfig=" + cp.KubeconfigPath,
+			"--authorization-kubeconfig=" + cp.KubeconfigPath,
 			"--bind-address=127.0.0.1",
 			fmt.Sprintf("--secure-port=%d", ports[portControllerManager]),
-			"--service-account-private-key-file="+cp.pki.saPrivate,
-			"--root-ca-file="+cp.pki.caCert,
+			"--service-account-private-key-file=" + cp.pki.saPrivate,
+			"--root-ca-file=" + cp.pki.caCert,
 			"--use-service-account-credentials",
 			"--leader-elect=false",
 			// One fake node: no CIDRs, no evictions. No garbage collector or
@@ -193,7 +197,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 			// tests count the API server's watches per resource.
 			"--controllers=*,-node-ipam-controller,-node-lifecycle-controller,-garbage-collector-controller,-resourcequota-controller",
 			"--v=1",
-		); err != nil {
+		}, opts.ControllerManagerFlags...)...); err != nil {
 			return nil, err
 		}
 		if err := cp.waitComponent(ctx, "kube-controller-manager", ports[portControllerManager]); err != nil {

@@ -124,7 +124,7 @@ func (cp *ControlPlane) startFakeNode(ctx context.Context, ports []int) error {
 	capacity := corev1.ResourceList{
 		corev1.ResourceCPU:    resource.MustParse("64"),
 		corev1.ResourceMemory: resource.MustParse("256Gi"),
-		corev1.ResourcePods:   resource.MustParse("1000"),
+		corev1.ResourcePods:   resource.MustParse("10000"), // room for benchmarks' Deployments
 	}
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{

@@ -21,6 +21,7 @@ import (
 	"github.com/informerd/informerd/client"
 	"github.com/informerd/informerd/daemon"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+	"github.com/informerd/informerd/status"
 )
 
 // testDaemon is an in-process informerd serving on a Unix socket, wired as
@@ -50,7 +51,11 @@ func startDaemonAt(t *testing.T, socket string, opts cache.Options, configure ..
 	if err != nil {
 		t.Fatal(err)
 	}
-	dopts := daemon.Options{Cache: mgr, Logger: opts.Logger}
+	statuses, err := status.New(status.Options{Cache: mgr, Logger: opts.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dopts := daemon.Options{Cache: mgr, Status: statuses, Logger: opts.Logger}
 	for _, f := range configure {
 		f(&dopts)
 	}
@@ -74,6 +79,7 @@ func startDaemonAt(t *testing.T, socket string, opts cache.Options, configure ..
 			srv.Shutdown()
 			<-stopped
 			<-served
+			statuses.Close()
 			mgr.Close()
 		})
 	}

@@ -258,6 +258,192 @@ func (AddressMatch) EnumDescriptor() ([]byte, []int) {
 	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{3}
 }
 
+// ScopeStrategy chooses the scope at which a status stream reads each
+// resource, as cli-utils' RESTScopeStrategy does.
+type ScopeStrategy int32
+
+const (
+	// SCOPE_STRATEGY_UNSPECIFIED means SCOPE_STRATEGY_AUTOMATIC.
+	ScopeStrategy_SCOPE_STRATEGY_UNSPECIFIED ScopeStrategy = 0
+	// SCOPE_STRATEGY_AUTOMATIC is SCOPE_STRATEGY_ROOT when the objects are in
+	// more than one namespace (a cluster-scoped object counts as namespace
+	// ""), else SCOPE_STRATEGY_NAMESPACE.
+	ScopeStrategy_SCOPE_STRATEGY_AUTOMATIC ScopeStrategy = 1
+	// SCOPE_STRATEGY_ROOT reads each resource in all namespaces: the caller
+	// must be allowed to list and watch it cluster-wide.
+	ScopeStrategy_SCOPE_STRATEGY_ROOT ScopeStrategy = 2
+	// SCOPE_STRATEGY_NAMESPACE reads each resource only in the namespaces of
+	// the objects: the caller needs no cluster-wide access.
+	ScopeStrategy_SCOPE_STRATEGY_NAMESPACE ScopeStrategy = 3
+)
+
+// Enum value maps for ScopeStrategy.
+var (
+	ScopeStrategy_name = map[int32]string{
+		0: "SCOPE_STRATEGY_UNSPECIFIED",
+		1: "SCOPE_STRATEGY_AUTOMATIC",
+		2: "SCOPE_STRATEGY_ROOT",
+		3: "SCOPE_STRATEGY_NAMESPACE",
+	}
+	ScopeStrategy_value = map[string]int32{
+		"SCOPE_STRATEGY_UNSPECIFIED": 0,
+		"SCOPE_STRATEGY_AUTOMATIC":   1,
+		"SCOPE_STRATEGY_ROOT":        2,
+		"SCOPE_STRATEGY_NAMESPACE":   3,
+	}
+)
+
+func (x ScopeStrategy) Enum() *ScopeStrategy {
+	p := new(ScopeStrategy)
+	*p = x
+	return p
+}
+
+func (x ScopeStrategy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ScopeStrategy) Descriptor() protoreflect.EnumDescriptor {
+	return file_informerd_v1_informerd_proto_enumTypes[4].Descriptor()
+}
+
+func (ScopeStrategy) Type() protoreflect.EnumType {
+	return &file_informerd_v1_informerd_proto_enumTypes[4]
+}
+
+func (x ScopeStrategy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ScopeStrategy.Descriptor instead.
+func (ScopeStrategy) EnumDescriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{4}
+}
+
+// StatusEventType says what a StatusEvent means.
+type StatusEventType int32
+
+const (
+	// STATUS_EVENT_TYPE_UNSPECIFIED is never sent.
+	StatusEventType_STATUS_EVENT_TYPE_UNSPECIFIED StatusEventType = 0
+	// STATUS_EVENT_TYPE_STATUS carries the latest status of one object.
+	StatusEventType_STATUS_EVENT_TYPE_STATUS StatusEventType = 1
+	// STATUS_EVENT_TYPE_SYNCED says that the status of every object has been
+	// sent: a change made after the stream started cannot be missed. It is
+	// sent once per stream.
+	StatusEventType_STATUS_EVENT_TYPE_SYNCED StatusEventType = 2
+)
+
+// Enum value maps for StatusEventType.
+var (
+	StatusEventType_name = map[int32]string{
+		0: "STATUS_EVENT_TYPE_UNSPECIFIED",
+		1: "STATUS_EVENT_TYPE_STATUS",
+		2: "STATUS_EVENT_TYPE_SYNCED",
+	}
+	StatusEventType_value = map[string]int32{
+		"STATUS_EVENT_TYPE_UNSPECIFIED": 0,
+		"STATUS_EVENT_TYPE_STATUS":      1,
+		"STATUS_EVENT_TYPE_SYNCED":      2,
+	}
+)
+
+func (x StatusEventType) Enum() *StatusEventType {
+	p := new(StatusEventType)
+	*p = x
+	return p
+}
+
+func (x StatusEventType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StatusEventType) Descriptor() protoreflect.EnumDescriptor {
+	return file_informerd_v1_informerd_proto_enumTypes[5].Descriptor()
+}
+
+func (StatusEventType) Type() protoreflect.EnumType {
+	return &file_informerd_v1_informerd_proto_enumTypes[5]
+}
+
+func (x StatusEventType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StatusEventType.Descriptor instead.
+func (StatusEventType) EnumDescriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{5}
+}
+
+// Status is an object's kstatus (sigs.k8s.io/cli-utils/pkg/kstatus).
+type Status int32
+
+const (
+	// STATUS_UNSPECIFIED is never sent.
+	Status_STATUS_UNSPECIFIED Status = 0
+	// STATUS_IN_PROGRESS: the object is being reconciled.
+	Status_STATUS_IN_PROGRESS Status = 1
+	// STATUS_FAILED: reconciling the object failed.
+	Status_STATUS_FAILED Status = 2
+	// STATUS_CURRENT: the object is reconciled.
+	Status_STATUS_CURRENT Status = 3
+	// STATUS_TERMINATING: the object is being deleted.
+	Status_STATUS_TERMINATING Status = 4
+	// STATUS_NOT_FOUND: the object, or its resource, does not exist.
+	Status_STATUS_NOT_FOUND Status = 5
+	// STATUS_UNKNOWN: the status could not be computed; see error.
+	Status_STATUS_UNKNOWN Status = 6
+)
+
+// Enum value maps for Status.
+var (
+	Status_name = map[int32]string{
+		0: "STATUS_UNSPECIFIED",
+		1: "STATUS_IN_PROGRESS",
+		2: "STATUS_FAILED",
+		3: "STATUS_CURRENT",
+		4: "STATUS_TERMINATING",
+		5: "STATUS_NOT_FOUND",
+		6: "STATUS_UNKNOWN",
+	}
+	Status_value = map[string]int32{
+		"STATUS_UNSPECIFIED": 0,
+		"STATUS_IN_PROGRESS": 1,
+		"STATUS_FAILED":      2,
+		"STATUS_CURRENT":     3,
+		"STATUS_TERMINATING": 4,
+		"STATUS_NOT_FOUND":   5,
+		"STATUS_UNKNOWN":     6,
+	}
+)
+
+func (x Status) Enum() *Status {
+	p := new(Status)
+	*p = x
+	return p
+}
+
+func (x Status) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Status) Descriptor() protoreflect.EnumDescriptor {
+	return file_informerd_v1_informerd_proto_enumTypes[6].Descriptor()
+}
+
+func (Status) Type() protoreflect.EnumType {
+	return &file_informerd_v1_informerd_proto_enumTypes[6]
+}
+
+func (x Status) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Status.Descriptor instead.
+func (Status) EnumDescriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{6}
+}
+
 // GroupVersionResource names a Kubernetes resource, as in an API path.
 type GroupVersionResource struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1461,6 +1647,369 @@ func (x *RelatedObject) GetFields() map[string]string {
 	return nil
 }
 
+// ObjectReference identifies one object, as cli-utils' ObjMetadata does.
+type ObjectReference struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// group is the object's API group; empty for the core group.
+	Group string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// kind is the object's kind, for example "Deployment".
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// namespace is the object's namespace; empty for a cluster-scoped object.
+	Namespace string `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// name is the object's name.
+	Name          string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObjectReference) Reset() {
+	*x = ObjectReference{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObjectReference) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObjectReference) ProtoMessage() {}
+
+func (x *ObjectReference) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObjectReference.ProtoReflect.Descriptor instead.
+func (*ObjectReference) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ObjectReference) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *ObjectReference) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ObjectReference) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ObjectReference) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// WatchStatusRequest asks for the kstatus of a set of objects.
+type WatchStatusRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// objects are the objects to report on; duplicates are ignored.
+	Objects []*ObjectReference `protobuf:"bytes,1,rep,name=objects,proto3" json:"objects,omitempty"`
+	// scope_strategy chooses the scope at which resources are read, and so
+	// what the caller must be allowed to list and watch.
+	ScopeStrategy ScopeStrategy `protobuf:"varint,2,opt,name=scope_strategy,json=scopeStrategy,proto3,enum=informerd.v1.ScopeStrategy" json:"scope_strategy,omitempty"`
+	// client_name identifies the caller in introspection and logs.
+	ClientName    string `protobuf:"bytes,3,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchStatusRequest) Reset() {
+	*x = WatchStatusRequest{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchStatusRequest) ProtoMessage() {}
+
+func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchStatusRequest.ProtoReflect.Descriptor instead.
+func (*WatchStatusRequest) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *WatchStatusRequest) GetObjects() []*ObjectReference {
+	if x != nil {
+		return x.Objects
+	}
+	return nil
+}
+
+func (x *WatchStatusRequest) GetScopeStrategy() ScopeStrategy {
+	if x != nil {
+		return x.ScopeStrategy
+	}
+	return ScopeStrategy_SCOPE_STRATEGY_UNSPECIFIED
+}
+
+func (x *WatchStatusRequest) GetClientName() string {
+	if x != nil {
+		return x.ClientName
+	}
+	return ""
+}
+
+// WatchStatusResponse carries the status events that were ready together.
+type WatchStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// events are in order; at most one per object in a response.
+	Events        []*StatusEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchStatusResponse) Reset() {
+	*x = WatchStatusResponse{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchStatusResponse) ProtoMessage() {}
+
+func (x *WatchStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchStatusResponse.ProtoReflect.Descriptor instead.
+func (*WatchStatusResponse) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *WatchStatusResponse) GetEvents() []*StatusEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// StatusEvent is one object's new status, or the SYNCED marker.
+type StatusEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// type says what the event means.
+	Type StatusEventType `protobuf:"varint,1,opt,name=type,proto3,enum=informerd.v1.StatusEventType" json:"type,omitempty"`
+	// status is the object's status, for STATUS_EVENT_TYPE_STATUS.
+	Status        *ResourceStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusEvent) Reset() {
+	*x = StatusEvent{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusEvent) ProtoMessage() {}
+
+func (x *StatusEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusEvent.ProtoReflect.Descriptor instead.
+func (*StatusEvent) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *StatusEvent) GetType() StatusEventType {
+	if x != nil {
+		return x.Type
+	}
+	return StatusEventType_STATUS_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *StatusEvent) GetStatus() *ResourceStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+// ResourceStatus is the kstatus of one object, with the statuses of the
+// resources generated from it.
+type ResourceStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// object identifies the object.
+	Object *ObjectReference `protobuf:"bytes,1,opt,name=object,proto3" json:"object,omitempty"`
+	// status is the object's kstatus.
+	Status Status `protobuf:"varint,2,opt,name=status,proto3,enum=informerd.v1.Status" json:"status,omitempty"`
+	// message explains the status, in kstatus' words.
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// error says why the status could not be computed (status is then
+	// STATUS_UNKNOWN).
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// api_version is the apiVersion the object was read in; empty when it
+	// was not found.
+	ApiVersion string `protobuf:"bytes,5,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	// uid is the object's metadata.uid; empty when it was not found.
+	Uid string `protobuf:"bytes,6,opt,name=uid,proto3" json:"uid,omitempty"`
+	// generation is the object's metadata.generation.
+	Generation int64 `protobuf:"varint,7,opt,name=generation,proto3" json:"generation,omitempty"`
+	// resource_version is the object's metadata.resourceVersion that the
+	// status was computed from.
+	ResourceVersion string `protobuf:"bytes,8,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	// generated are the statuses of the objects generated from this one (a
+	// Deployment's ReplicaSets and their Pods), sorted by namespace, group,
+	// kind and name; they carry only object, status, message and error.
+	Generated     []*ResourceStatus `protobuf:"bytes,9,rep,name=generated,proto3" json:"generated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResourceStatus) Reset() {
+	*x = ResourceStatus{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResourceStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResourceStatus) ProtoMessage() {}
+
+func (x *ResourceStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResourceStatus.ProtoReflect.Descriptor instead.
+func (*ResourceStatus) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ResourceStatus) GetObject() *ObjectReference {
+	if x != nil {
+		return x.Object
+	}
+	return nil
+}
+
+func (x *ResourceStatus) GetStatus() Status {
+	if x != nil {
+		return x.Status
+	}
+	return Status_STATUS_UNSPECIFIED
+}
+
+func (x *ResourceStatus) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ResourceStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ResourceStatus) GetApiVersion() string {
+	if x != nil {
+		return x.ApiVersion
+	}
+	return ""
+}
+
+func (x *ResourceStatus) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+func (x *ResourceStatus) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ResourceStatus) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
+}
+
+func (x *ResourceStatus) GetGenerated() []*ResourceStatus {
+	if x != nil {
+		return x.Generated
+	}
+	return nil
+}
+
 var File_informerd_v1_informerd_proto protoreflect.FileDescriptor
 
 const file_informerd_v1_informerd_proto_rawDesc = "" +
@@ -1564,7 +2113,35 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x06fields\x18\x04 \x03(\v2'.informerd.v1.RelatedObject.FieldsEntryR\x06fields\x1a9\n" +
 	"\vFieldsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*N\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"m\n" +
+	"\x0fObjectReference\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1c\n" +
+	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\"\xb2\x01\n" +
+	"\x12WatchStatusRequest\x127\n" +
+	"\aobjects\x18\x01 \x03(\v2\x1d.informerd.v1.ObjectReferenceR\aobjects\x12B\n" +
+	"\x0escope_strategy\x18\x02 \x01(\x0e2\x1b.informerd.v1.ScopeStrategyR\rscopeStrategy\x12\x1f\n" +
+	"\vclient_name\x18\x03 \x01(\tR\n" +
+	"clientName\"H\n" +
+	"\x13WatchStatusResponse\x121\n" +
+	"\x06events\x18\x01 \x03(\v2\x19.informerd.v1.StatusEventR\x06events\"v\n" +
+	"\vStatusEvent\x121\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x1d.informerd.v1.StatusEventTypeR\x04type\x124\n" +
+	"\x06status\x18\x02 \x01(\v2\x1c.informerd.v1.ResourceStatusR\x06status\"\xdf\x02\n" +
+	"\x0eResourceStatus\x125\n" +
+	"\x06object\x18\x01 \x01(\v2\x1d.informerd.v1.ObjectReferenceR\x06object\x12,\n" +
+	"\x06status\x18\x02 \x01(\x0e2\x14.informerd.v1.StatusR\x06status\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12\x1f\n" +
+	"\vapi_version\x18\x05 \x01(\tR\n" +
+	"apiVersion\x12\x10\n" +
+	"\x03uid\x18\x06 \x01(\tR\x03uid\x12\x1e\n" +
+	"\n" +
+	"generation\x18\a \x01(\x03R\n" +
+	"generation\x12)\n" +
+	"\x10resource_version\x18\b \x01(\tR\x0fresourceVersion\x12:\n" +
+	"\tgenerated\x18\t \x03(\v2\x1c.informerd.v1.ResourceStatusR\tgenerated*N\n" +
 	"\bEncoding\x12\x18\n" +
 	"\x14ENCODING_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rENCODING_JSON\x10\x01\x12\x15\n" +
@@ -1584,12 +2161,30 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\fAddressMatch\x12\x1d\n" +
 	"\x19ADDRESS_MATCH_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ADDRESS_MATCH_POD_IP\x10\x01\x12\x1b\n" +
-	"\x17ADDRESS_MATCH_HOST_PORT\x10\x022\xc4\x02\n" +
+	"\x17ADDRESS_MATCH_HOST_PORT\x10\x02*\x84\x01\n" +
+	"\rScopeStrategy\x12\x1e\n" +
+	"\x1aSCOPE_STRATEGY_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18SCOPE_STRATEGY_AUTOMATIC\x10\x01\x12\x17\n" +
+	"\x13SCOPE_STRATEGY_ROOT\x10\x02\x12\x1c\n" +
+	"\x18SCOPE_STRATEGY_NAMESPACE\x10\x03*p\n" +
+	"\x0fStatusEventType\x12!\n" +
+	"\x1dSTATUS_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18STATUS_EVENT_TYPE_STATUS\x10\x01\x12\x1c\n" +
+	"\x18STATUS_EVENT_TYPE_SYNCED\x10\x02*\xa1\x01\n" +
+	"\x06Status\x12\x16\n" +
+	"\x12STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12STATUS_IN_PROGRESS\x10\x01\x12\x11\n" +
+	"\rSTATUS_FAILED\x10\x02\x12\x12\n" +
+	"\x0eSTATUS_CURRENT\x10\x03\x12\x16\n" +
+	"\x12STATUS_TERMINATING\x10\x04\x12\x14\n" +
+	"\x10STATUS_NOT_FOUND\x10\x05\x12\x12\n" +
+	"\x0eSTATUS_UNKNOWN\x10\x062\x9a\x03\n" +
 	"\x0fInformerService\x12B\n" +
 	"\x05Watch\x12\x1a.informerd.v1.WatchRequest\x1a\x1b.informerd.v1.WatchResponse0\x01\x12X\n" +
 	"\rListInformers\x12\".informerd.v1.ListInformersRequest\x1a#.informerd.v1.ListInformersResponse\x12:\n" +
 	"\x03Get\x12\x18.informerd.v1.GetRequest\x1a\x19.informerd.v1.GetResponse\x12W\n" +
-	"\fWatchAddress\x12!.informerd.v1.WatchAddressRequest\x1a\".informerd.v1.WatchAddressResponse0\x01B?Z=github.com/informerd/informerd/proto/informerd/v1;informerdv1b\x06proto3"
+	"\fWatchAddress\x12!.informerd.v1.WatchAddressRequest\x1a\".informerd.v1.WatchAddressResponse0\x01\x12T\n" +
+	"\vWatchStatus\x12 .informerd.v1.WatchStatusRequest\x1a!.informerd.v1.WatchStatusResponse0\x01B?Z=github.com/informerd/informerd/proto/informerd/v1;informerdv1b\x06proto3"
 
 var (
 	file_informerd_v1_informerd_proto_rawDescOnce sync.Once
@@ -1603,64 +2198,82 @@ func file_informerd_v1_informerd_proto_rawDescGZIP() []byte {
 	return file_informerd_v1_informerd_proto_rawDescData
 }
 
-var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_informerd_v1_informerd_proto_goTypes = []any{
 	(Encoding)(0),                 // 0: informerd.v1.Encoding
 	(View)(0),                     // 1: informerd.v1.View
 	(EventType)(0),                // 2: informerd.v1.EventType
 	(AddressMatch)(0),             // 3: informerd.v1.AddressMatch
-	(*GroupVersionResource)(nil),  // 4: informerd.v1.GroupVersionResource
-	(*WatchRequest)(nil),          // 5: informerd.v1.WatchRequest
-	(*GetRequest)(nil),            // 6: informerd.v1.GetRequest
-	(*GetResponse)(nil),           // 7: informerd.v1.GetResponse
-	(*WatchResponse)(nil),         // 8: informerd.v1.WatchResponse
-	(*Event)(nil),                 // 9: informerd.v1.Event
-	(*ListInformersRequest)(nil),  // 10: informerd.v1.ListInformersRequest
-	(*ListInformersResponse)(nil), // 11: informerd.v1.ListInformersResponse
-	(*Informer)(nil),              // 12: informerd.v1.Informer
-	(*WatchAddressRequest)(nil),   // 13: informerd.v1.WatchAddressRequest
-	(*WatchAddressResponse)(nil),  // 14: informerd.v1.WatchAddressResponse
-	(*AddressPod)(nil),            // 15: informerd.v1.AddressPod
-	(*PodOwner)(nil),              // 16: informerd.v1.PodOwner
-	(*AddressPort)(nil),           // 17: informerd.v1.AddressPort
-	(*RelatedObject)(nil),         // 18: informerd.v1.RelatedObject
-	nil,                           // 19: informerd.v1.AddressPod.LabelsEntry
-	nil,                           // 20: informerd.v1.RelatedObject.FieldsEntry
+	(ScopeStrategy)(0),            // 4: informerd.v1.ScopeStrategy
+	(StatusEventType)(0),          // 5: informerd.v1.StatusEventType
+	(Status)(0),                   // 6: informerd.v1.Status
+	(*GroupVersionResource)(nil),  // 7: informerd.v1.GroupVersionResource
+	(*WatchRequest)(nil),          // 8: informerd.v1.WatchRequest
+	(*GetRequest)(nil),            // 9: informerd.v1.GetRequest
+	(*GetResponse)(nil),           // 10: informerd.v1.GetResponse
+	(*WatchResponse)(nil),         // 11: informerd.v1.WatchResponse
+	(*Event)(nil),                 // 12: informerd.v1.Event
+	(*ListInformersRequest)(nil),  // 13: informerd.v1.ListInformersRequest
+	(*ListInformersResponse)(nil), // 14: informerd.v1.ListInformersResponse
+	(*Informer)(nil),              // 15: informerd.v1.Informer
+	(*WatchAddressRequest)(nil),   // 16: informerd.v1.WatchAddressRequest
+	(*WatchAddressResponse)(nil),  // 17: informerd.v1.WatchAddressResponse
+	(*AddressPod)(nil),            // 18: informerd.v1.AddressPod
+	(*PodOwner)(nil),              // 19: informerd.v1.PodOwner
+	(*AddressPort)(nil),           // 20: informerd.v1.AddressPort
+	(*RelatedObject)(nil),         // 21: informerd.v1.RelatedObject
+	(*ObjectReference)(nil),       // 22: informerd.v1.ObjectReference
+	(*WatchStatusRequest)(nil),    // 23: informerd.v1.WatchStatusRequest
+	(*WatchStatusResponse)(nil),   // 24: informerd.v1.WatchStatusResponse
+	(*StatusEvent)(nil),           // 25: informerd.v1.StatusEvent
+	(*ResourceStatus)(nil),        // 26: informerd.v1.ResourceStatus
+	nil,                           // 27: informerd.v1.AddressPod.LabelsEntry
+	nil,                           // 28: informerd.v1.RelatedObject.FieldsEntry
 }
 var file_informerd_v1_informerd_proto_depIdxs = []int32{
-	4,  // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
+	7,  // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
 	1,  // 1: informerd.v1.WatchRequest.view:type_name -> informerd.v1.View
 	0,  // 2: informerd.v1.WatchRequest.encoding:type_name -> informerd.v1.Encoding
-	4,  // 3: informerd.v1.GetRequest.resource:type_name -> informerd.v1.GroupVersionResource
+	7,  // 3: informerd.v1.GetRequest.resource:type_name -> informerd.v1.GroupVersionResource
 	1,  // 4: informerd.v1.GetRequest.view:type_name -> informerd.v1.View
 	0,  // 5: informerd.v1.GetRequest.encoding:type_name -> informerd.v1.Encoding
-	9,  // 6: informerd.v1.WatchResponse.events:type_name -> informerd.v1.Event
+	12, // 6: informerd.v1.WatchResponse.events:type_name -> informerd.v1.Event
 	2,  // 7: informerd.v1.Event.type:type_name -> informerd.v1.EventType
-	12, // 8: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
-	4,  // 9: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
+	15, // 8: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
+	7,  // 9: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
 	0,  // 10: informerd.v1.Informer.encoding:type_name -> informerd.v1.Encoding
-	15, // 11: informerd.v1.WatchAddressResponse.pod:type_name -> informerd.v1.AddressPod
+	18, // 11: informerd.v1.WatchAddressResponse.pod:type_name -> informerd.v1.AddressPod
 	3,  // 12: informerd.v1.WatchAddressResponse.match:type_name -> informerd.v1.AddressMatch
-	17, // 13: informerd.v1.WatchAddressResponse.port:type_name -> informerd.v1.AddressPort
-	18, // 14: informerd.v1.WatchAddressResponse.related:type_name -> informerd.v1.RelatedObject
-	16, // 15: informerd.v1.AddressPod.owner:type_name -> informerd.v1.PodOwner
-	19, // 16: informerd.v1.AddressPod.labels:type_name -> informerd.v1.AddressPod.LabelsEntry
-	4,  // 17: informerd.v1.RelatedObject.resource:type_name -> informerd.v1.GroupVersionResource
-	20, // 18: informerd.v1.RelatedObject.fields:type_name -> informerd.v1.RelatedObject.FieldsEntry
-	5,  // 19: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
-	10, // 20: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
-	6,  // 21: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
-	13, // 22: informerd.v1.InformerService.WatchAddress:input_type -> informerd.v1.WatchAddressRequest
-	8,  // 23: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
-	11, // 24: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
-	7,  // 25: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
-	14, // 26: informerd.v1.InformerService.WatchAddress:output_type -> informerd.v1.WatchAddressResponse
-	23, // [23:27] is the sub-list for method output_type
-	19, // [19:23] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	20, // 13: informerd.v1.WatchAddressResponse.port:type_name -> informerd.v1.AddressPort
+	21, // 14: informerd.v1.WatchAddressResponse.related:type_name -> informerd.v1.RelatedObject
+	19, // 15: informerd.v1.AddressPod.owner:type_name -> informerd.v1.PodOwner
+	27, // 16: informerd.v1.AddressPod.labels:type_name -> informerd.v1.AddressPod.LabelsEntry
+	7,  // 17: informerd.v1.RelatedObject.resource:type_name -> informerd.v1.GroupVersionResource
+	28, // 18: informerd.v1.RelatedObject.fields:type_name -> informerd.v1.RelatedObject.FieldsEntry
+	22, // 19: informerd.v1.WatchStatusRequest.objects:type_name -> informerd.v1.ObjectReference
+	4,  // 20: informerd.v1.WatchStatusRequest.scope_strategy:type_name -> informerd.v1.ScopeStrategy
+	25, // 21: informerd.v1.WatchStatusResponse.events:type_name -> informerd.v1.StatusEvent
+	5,  // 22: informerd.v1.StatusEvent.type:type_name -> informerd.v1.StatusEventType
+	26, // 23: informerd.v1.StatusEvent.status:type_name -> informerd.v1.ResourceStatus
+	22, // 24: informerd.v1.ResourceStatus.object:type_name -> informerd.v1.ObjectReference
+	6,  // 25: informerd.v1.ResourceStatus.status:type_name -> informerd.v1.Status
+	26, // 26: informerd.v1.ResourceStatus.generated:type_name -> informerd.v1.ResourceStatus
+	8,  // 27: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
+	13, // 28: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
+	9,  // 29: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
+	16, // 30: informerd.v1.InformerService.WatchAddress:input_type -> informerd.v1.WatchAddressRequest
+	23, // 31: informerd.v1.InformerService.WatchStatus:input_type -> informerd.v1.WatchStatusRequest
+	11, // 32: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
+	14, // 33: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
+	10, // 34: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
+	17, // 35: informerd.v1.InformerService.WatchAddress:output_type -> informerd.v1.WatchAddressResponse
+	24, // 36: informerd.v1.InformerService.WatchStatus:output_type -> informerd.v1.WatchStatusResponse
+	32, // [32:37] is the sub-list for method output_type
+	27, // [27:32] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_informerd_v1_informerd_proto_init() }
@@ -1673,8 +2286,8 @@ func file_informerd_v1_informerd_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_informerd_v1_informerd_proto_rawDesc), len(file_informerd_v1_informerd_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   17,
+			NumEnums:      7,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

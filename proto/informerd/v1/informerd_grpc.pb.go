@@ -23,6 +23,7 @@ const (
 	InformerService_ListInformers_FullMethodName = "/informerd.v1.InformerService/ListInformers"
 	InformerService_Get_FullMethodName           = "/informerd.v1.InformerService/Get"
 	InformerService_WatchAddress_FullMethodName  = "/informerd.v1.InformerService/WatchAddress"
+	InformerService_WatchStatus_FullMethodName   = "/informerd.v1.InformerService/WatchStatus"
 )
 
 // InformerServiceClient is the client API for InformerService service.
@@ -45,6 +46,10 @@ type InformerServiceClient interface {
 	// select it; the first message is the current answer, and each later one
 	// is sent only when the answer changed.
 	WatchAddress(ctx context.Context, in *WatchAddressRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchAddressResponse], error)
+	// WatchStatus streams the kstatus of a set of objects: each object's
+	// status once it is known, SYNCED once every object's is, then every
+	// change of an object's status, message or generated resources.
+	WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchStatusResponse], error)
 }
 
 type informerServiceClient struct {
@@ -113,6 +118,25 @@ func (c *informerServiceClient) WatchAddress(ctx context.Context, in *WatchAddre
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type InformerService_WatchAddressClient = grpc.ServerStreamingClient[WatchAddressResponse]
 
+func (c *informerServiceClient) WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchStatusResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &InformerService_ServiceDesc.Streams[2], InformerService_WatchStatus_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchStatusRequest, WatchStatusResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InformerService_WatchStatusClient = grpc.ServerStreamingClient[WatchStatusResponse]
+
 // InformerServiceServer is the server API for InformerService service.
 // All implementations must embed UnimplementedInformerServiceServer
 // for forward compatibility.
@@ -133,6 +157,10 @@ type InformerServiceServer interface {
 	// select it; the first message is the current answer, and each later one
 	// is sent only when the answer changed.
 	WatchAddress(*WatchAddressRequest, grpc.ServerStreamingServer[WatchAddressResponse]) error
+	// WatchStatus streams the kstatus of a set of objects: each object's
+	// status once it is known, SYNCED once every object's is, then every
+	// change of an object's status, message or generated resources.
+	WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[WatchStatusResponse]) error
 	mustEmbedUnimplementedInformerServiceServer()
 }
 
@@ -154,6 +182,9 @@ func (UnimplementedInformerServiceServer) Get(context.Context, *GetRequest) (*Ge
 }
 func (UnimplementedInformerServiceServer) WatchAddress(*WatchAddressRequest, grpc.ServerStreamingServer[WatchAddressResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchAddress not implemented")
+}
+func (UnimplementedInformerServiceServer) WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[WatchStatusResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchStatus not implemented")
 }
 func (UnimplementedInformerServiceServer) mustEmbedUnimplementedInformerServiceServer() {}
 func (UnimplementedInformerServiceServer) testEmbeddedByValue()                         {}
@@ -234,6 +265,17 @@ func _InformerService_WatchAddress_Handler(srv interface{}, stream grpc.ServerSt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type InformerService_WatchAddressServer = grpc.ServerStreamingServer[WatchAddressResponse]
 
+func _InformerService_WatchStatus_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchStatusRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(InformerServiceServer).WatchStatus(m, &grpc.GenericServerStream[WatchStatusRequest, WatchStatusResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InformerService_WatchStatusServer = grpc.ServerStreamingServer[WatchStatusResponse]
+
 // InformerService_ServiceDesc is the grpc.ServiceDesc for InformerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -259,6 +301,11 @@ var InformerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchAddress",
 			Handler:       _InformerService_WatchAddress_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchStatus",
+			Handler:       _InformerService_WatchStatus_Handler,
 			ServerStreams: true,
 		},
 	},

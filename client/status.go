@@ -1,0 +1,233 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/cli-utils/pkg/kstatus/polling/event"
+	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
+	"sigs.k8s.io/cli-utils/pkg/kstatus/watcher"
+	"sigs.k8s.io/cli-utils/pkg/object"
+
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+)
+
+// StatusWatcherOptions configure NewStatusWatcher.
+type StatusWatcherOptions struct {
+	// ClientName identifies the watcher in the daemon's introspection.
+	ClientName string
+	// Backoff bounds the delays between reconnects.
+	Backoff Backoff
+	// OnError, if set, is called with every error that ends a stream
+	// before the watcher reconnects (a terminal one is an ErrorEvent).
+	OnError func(error)
+}
+
+// NewStatusWatcher returns a cli-utils StatusWatcher whose statuses the
+// daemon computes (WatchStatus), for apply.NewApplierBuilder().
+// WithStatusWatcher and apply.NewDestroyerBuilder().WithStatusWatcher.
+//
+// Each Watch sends a ResourceUpdateEvent when an object's status, message,
+// generation, UID or generated resources change, one SyncEvent once every
+// object's status has been sent, and an ErrorEvent for an error retrying
+// cannot fix (PERMISSION_DENIED and UNAUTHENTICATED as Kubernetes Forbidden
+// and Unauthorized errors), after which its channel closes; it also closes
+// when ctx ends. Across reconnects (a daemon restart) it resumes without
+// repeating a status and without going back to an older state of an
+// object. An event's Resource carries only the object's apiVersion, kind
+// and metadata name, namespace, uid, generation and resourceVersion (what
+// an applier checks), and is nil when the object is not found.
+func NewStatusWatcher(c *Client, opts StatusWatcherOptions) watcher.StatusWatcher {
+	opts.Backoff = opts.Backoff.withDefaults()
+	return &statusWatcher{c: c, opts: opts}
+}
+
+type statusWatcher struct {
+	c    *Client
+	opts StatusWatcherOptions
+}
+
+var _ watcher.StatusWatcher = (*statusWatcher)(nil)
+
+func (w *statusWatcher) Watch(ctx context.Context, ids object.ObjMetadataSet, o watcher.Options) <-chan event.Event {
+	out := make(chan event.Event)
+	req := &informerdv1.WatchStatusRequest{ClientName: w.opts.ClientName, ScopeStrategy: scopeStrategy(o.RESTScopeStrategy)}
+	for _, id := range ids {
+		req.Objects = append(req.Objects, &informerdv1.ObjectReference{
+			Group: id.GroupKind.Group, Kind: id.GroupKind.Kind, Namespace: id.Namespace, Name: id.Name,
+		})
+	}
+	r := &statusRun{c: w.c, req: req, out: out, last: map[object.ObjMetadata]*event.ResourceStatus{}}
+	go func() {
+		defer close(out)
+		if err := w.c.retry(ctx, w.opts.Backoff, w.opts.OnError, r.once); err != nil {
+			r.send(ctx, event.Event{Type: event.ErrorEvent, Error: statusError(err)})
+		}
+	}()
+	return out
+}
+
+func scopeStrategy(s watcher.RESTScopeStrategy) informerdv1.ScopeStrategy {
+	switch s {
+	case watcher.RESTScopeRoot:
+		return informerdv1.ScopeStrategy_SCOPE_STRATEGY_ROOT
+	case watcher.RESTScopeNamespace:
+		return informerdv1.ScopeStrategy_SCOPE_STRATEGY_NAMESPACE
+	}
+	return informerdv1.ScopeStrategy_SCOPE_STRATEGY_AUTOMATIC
+}
+
+// statusRun is one Watch call's state, owned by its goroutine.
+type statusRun struct {
+	c      *Client
+	req    *informerdv1.WatchStatusRequest
+	out    chan<- event.Event
+	last   map[object.ObjMetadata]*event.ResourceStatus // the latest status sent of each object
+	synced bool                                         // SyncEvent sent
+}
+
+// once runs one stream until it fails or ctx ends.
+func (r *statusRun) once(ctx context.Context) (progressed bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := r.c.api.WatchStatus(ctx, r.req)
+	if err != nil {
+		return false, err
+	}
+	for {
+		resp, err := s.Recv()
+		if err != nil {
+			return progressed, err
+		}
+		progressed = true
+		for _, ev := range resp.GetEvents() {
+			if !r.handle(ctx, ev) {
+				return progressed, ctx.Err()
+			}
+		}
+	}
+}
+
+// handle sends what ev changes; it returns false if ctx ended.
+func (r *statusRun) handle(ctx context.Context, ev *informerdv1.StatusEvent) bool {
+	if ev.GetType() == informerdv1.StatusEventType_STATUS_EVENT_TYPE_SYNCED {
+		if r.synced {
+			return true // a reconnected stream's: sent once per Watch
+		}
+		r.synced = true
+		return r.send(ctx, event.Event{Type: event.SyncEvent})
+	}
+	rs := fromProtoStatus(ev.GetStatus())
+	if prev := r.last[rs.Identifier]; prev != nil && (sameStatus(prev, rs) || older(rs, prev)) {
+		return true
+	}
+	r.last[rs.Identifier] = rs
+	return r.send(ctx, event.Event{Type: event.ResourceUpdateEvent, Resource: rs})
+}
+
+func (r *statusRun) send(ctx context.Context, ev event.Event) bool {
+	select {
+	case r.out <- ev:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// sameStatus reports whether b says nothing new after a: cli-utils'
+// definition of a status change, plus the UID.
+func sameStatus(a, b *event.ResourceStatus) bool {
+	return uid(a) == uid(b) && event.ResourceStatusEqual(a, b)
+}
+
+// older reports whether b was computed from an older state of the same
+// object than a (a daemon restarted onto a lagging API server).
+func older(b, a *event.ResourceStatus) bool {
+	if uid(a) == "" || uid(a) != uid(b) {
+		return false
+	}
+	ra, errA := strconv.ParseUint(a.Resource.GetResourceVersion(), 10, 64)
+	rb, errB := strconv.ParseUint(b.Resource.GetResourceVersion(), 10, 64)
+	return errA == nil && errB == nil && rb < ra
+}
+
+func uid(rs *event.ResourceStatus) types.UID {
+	if rs.Resource == nil {
+		return ""
+	}
+	return rs.Resource.GetUID()
+}
+
+func fromProtoStatus(p *informerdv1.ResourceStatus) *event.ResourceStatus {
+	o := p.GetObject()
+	rs := &event.ResourceStatus{
+		Identifier: object.ObjMetadata{
+			GroupKind: schema.GroupKind{Group: o.GetGroup(), Kind: o.GetKind()}, Namespace: o.GetNamespace(), Name: o.GetName(),
+		},
+		Status:  fromProtoStatusValue(p.GetStatus()),
+		Message: p.GetMessage(),
+	}
+	if e := p.GetError(); e != "" {
+		rs.Error = errors.New(e)
+	}
+	if p.GetUid() != "" {
+		u := &unstructured.Unstructured{Object: map[string]any{}}
+		u.SetAPIVersion(p.GetApiVersion())
+		u.SetKind(o.GetKind())
+		u.SetNamespace(o.GetNamespace())
+		u.SetName(o.GetName())
+		u.SetUID(types.UID(p.GetUid()))
+		u.SetGeneration(p.GetGeneration())
+		u.SetResourceVersion(p.GetResourceVersion())
+		rs.Resource = u
+	}
+	for _, g := range p.GetGenerated() {
+		rs.GeneratedResources = append(rs.GeneratedResources, fromProtoStatus(g))
+	}
+	return rs
+}
+
+func fromProtoStatusValue(s informerdv1.Status) kstatus.Status {
+	switch s {
+	case informerdv1.Status_STATUS_IN_PROGRESS:
+		return kstatus.InProgressStatus
+	case informerdv1.Status_STATUS_FAILED:
+		return kstatus.FailedStatus
+	case informerdv1.Status_STATUS_CURRENT:
+		return kstatus.CurrentStatus
+	case informerdv1.Status_STATUS_TERMINATING:
+		return kstatus.TerminatingStatus
+	case informerdv1.Status_STATUS_NOT_FOUND:
+		return kstatus.NotFoundStatus
+	}
+	return kstatus.UnknownStatus
+}
+
+// statusError returns a terminal stream error as a Kubernetes API error
+// where one exists (so that apierrors.IsForbidden works as with cli-utils'
+// own watcher), else as it is.
+func statusError(err error) error {
+	st, _ := status.FromError(err)
+	var code int32
+	var reason metav1.StatusReason
+	switch st.Code() {
+	case codes.PermissionDenied:
+		code, reason = http.StatusForbidden, metav1.StatusReasonForbidden
+	case codes.Unauthenticated:
+		code, reason = http.StatusUnauthorized, metav1.StatusReasonUnauthorized
+	default:
+		return err
+	}
+	return &apierrors.StatusError{ErrStatus: metav1.Status{
+		Status: metav1.StatusFailure, Code: code, Reason: reason, Message: "informerd: " + st.Message(),
+	}}
+}

@@ -1,0 +1,579 @@
+package status
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/cli-utils/pkg/kstatus/polling/engine"
+	"sigs.k8s.io/cli-utils/pkg/kstatus/polling/event"
+	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
+	"sigs.k8s.io/cli-utils/pkg/object"
+
+	"github.com/informerd/informerd/cache"
+)
+
+// source is where the Engine's feeds come from: a cache.Manager, or a fake
+// in unit tests.
+type source interface {
+	Resolve(ctx context.Context, req cache.Request) (cache.Key, error)
+	Subscribe(ctx context.Context, req cache.Request) (subscription, error)
+}
+
+// subscription is the part of a cache.Subscription the Engine uses.
+type subscription interface {
+	Next(ctx context.Context, max int) ([]*cache.Event, error)
+	Get(namespace, name string) (*cache.Object, bool)
+	List(namespace string, sel labels.Selector) []*cache.Object
+	Close()
+}
+
+type managerSource struct{ m *cache.Manager }
+
+func (s managerSource) Resolve(ctx context.Context, req cache.Request) (cache.Key, error) {
+	return s.m.Resolve(ctx, req)
+}
+
+func (s managerSource) Subscribe(ctx context.Context, req cache.Request) (subscription, error) {
+	sub, err := s.m.Subscribe(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return sub, nil
+}
+
+// holder names the Engine's subscriptions in the informers' introspection.
+const holder = "informerd-status"
+
+// Engine computes the status of the objects that Watches ask for. Create
+// it with New; Close it after the last Watch's stream has ended and before
+// the cache.Manager closes.
+type Engine struct {
+	src     source
+	log     *slog.Logger
+	metrics *metrics
+	reader  engine.StatusReader
+	ops     chan func()     // run on the loop
+	feedCh  chan feedMsg    // from the feeds' goroutines
+	ctx     context.Context // ended by Close; parent of every feed
+	cancel  context.CancelFunc
+	done    chan struct{}  // closed when the loop has returned
+	feedWG  sync.WaitGroup // the feeds' goroutines
+
+	// Owned by the loop:
+	targets map[object.ObjMetadata]*target
+	feeds   map[feedKey]*feed
+	watches map[*Watch]struct{}
+	// dirty targets are recomputed at the end of the loop's iteration; the
+	// value is true when a change (not a timer) made them dirty.
+	dirty map[*target]bool
+	// timed targets have an unschedulable re-check due; timer fires at the
+	// earliest.
+	timed       map[*target]struct{}
+	timer       *time.Timer
+	timedChange bool
+}
+
+// target is one object some Watch asks for, with its shared status.
+type target struct {
+	id   object.ObjMetadata
+	feed *feed   // the object's kind in its namespace
+	gen  []*feed // the kinds generated from it, in its namespace
+	// watches want its status; delivered once they may read all its feeds.
+	watches map[*Watch]struct{}
+	// status is nil until first computed; then shared, never modified.
+	status *event.ResourceStatus
+	deps   []dep     // the lists status was computed from
+	due    time.Time // unschedulable re-check, or zero
+}
+
+func (t *target) feeds() []*feed { return append([]*feed{t.feed}, t.gen...) }
+
+func (t *target) genFeed(gk schema.GroupKind) *feed {
+	for _, f := range t.gen {
+		if f.key.gk == gk {
+			return f
+		}
+	}
+	return nil
+}
+
+// lists reports whether a change to o in f can change t's status: o is in
+// a list t's status came from, or matches one.
+func (t *target) lists(f *feed, o *cache.Object) bool {
+	for _, d := range t.deps {
+		if d.feed != f {
+			continue
+		}
+		if _, ok := d.names[o.Name]; ok || d.sel.Matches(o.Labels) {
+			return true
+		}
+	}
+	return false
+}
+
+// New starts an Engine.
+func New(opts Options) (*Engine, error) {
+	if opts.Cache == nil {
+		return nil, errors.New("status: Options.Cache is required")
+	}
+	return newEngine(opts, managerSource{opts.Cache}), nil
+}
+
+func newEngine(opts Options, src source) *Engine {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	e := &Engine{
+		src: src, log: opts.Logger, metrics: newMetrics(opts.Registerer), reader: newReader(),
+		ops: make(chan func()), feedCh: make(chan feedMsg), done: make(chan struct{}),
+		targets: map[object.ObjMetadata]*target{}, feeds: map[feedKey]*feed{}, watches: map[*Watch]struct{}{},
+		dirty: map[*target]bool{}, timed: map[*target]struct{}{},
+	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	go e.run()
+	return e
+}
+
+// Close stops the Engine: every Watch ends with ErrStopped and every feed
+// releases its subscription. It waits for the Engine's goroutines.
+func (e *Engine) Close() {
+	e.cancel()
+	<-e.done
+}
+
+// Watch starts a Watch of req. The caller must Close it.
+func (e *Engine) Watch(ctx context.Context, req Request) (*Watch, error) {
+	w := &Watch{
+		e: e, req: req, strategy: resolveStrategy(req.Strategy, req.IDs),
+		access:  map[Access]bool{},
+		sent:    map[*target]*event.ResourceStatus{},
+		pending: map[object.ObjMetadata]*event.ResourceStatus{},
+		wake:    make(chan struct{}, 1),
+	}
+	if err := e.send(ctx, func() { e.register(w) }); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// send runs op on the loop.
+func (e *Engine) send(ctx context.Context, op func()) error {
+	select {
+	case e.ops <- op:
+		return nil
+	case <-e.ctx.Done():
+		return ErrStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run is the loop: it owns targets, feeds and watches.
+func (e *Engine) run() {
+	defer close(e.done)
+	defer e.stop()
+	for {
+		var timerC <-chan time.Time
+		if e.timer != nil {
+			timerC = e.timer.C
+		}
+		select {
+		case <-e.ctx.Done():
+			return
+		case op := <-e.ops:
+			op()
+		case m := <-e.feedCh:
+			e.onFeed(m)
+		case <-timerC:
+			e.timer = nil
+			e.onTimer()
+		}
+		e.flush()
+	}
+}
+
+// stop ends every Watch and feed.
+func (e *Engine) stop() {
+	for w := range e.watches {
+		w.fail(ErrStopped)
+	}
+	for _, f := range e.feeds {
+		f.cancel()
+	}
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	e.feedWG.Wait()
+}
+
+// register adds w's objects, starting the feeds they need.
+func (e *Engine) register(w *Watch) {
+	e.watches[w] = struct{}{}
+	seen := make(map[object.ObjMetadata]bool, len(w.req.IDs))
+	for _, id := range w.req.IDs {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		t := e.targets[id]
+		if t == nil {
+			t = e.addTarget(id)
+		}
+		t.watches[w] = struct{}{}
+		w.targets = append(w.targets, t)
+	}
+	for _, t := range w.targets {
+		for _, f := range t.feeds() {
+			e.needAccess(w, f)
+		}
+		e.deliver(w, t)
+	}
+	e.checkSynced(w)
+}
+
+func (e *Engine) addTarget(id object.ObjMetadata) *target {
+	t := &target{id: id, watches: map[*Watch]struct{}{}}
+	t.feed = e.acquire(feedKey{id.GroupKind, id.Namespace})
+	t.feed.targets[t] = struct{}{}
+	for _, gk := range generated[id.GroupKind] {
+		f := e.acquire(feedKey{gk, id.Namespace})
+		f.dependents[t] = struct{}{}
+		t.gen = append(t.gen, f)
+	}
+	e.targets[id] = t
+	e.metrics.objects.Inc()
+	if t.feed.known() {
+		e.dirty[t] = true
+	}
+	return t
+}
+
+// unregister removes w, and the objects and feeds only it needed.
+func (e *Engine) unregister(w *Watch) {
+	if _, ok := e.watches[w]; !ok {
+		return
+	}
+	delete(e.watches, w)
+	for _, t := range w.targets {
+		delete(t.watches, w)
+		delete(w.sent, t)
+		if len(t.watches) > 0 {
+			continue
+		}
+		delete(e.targets, t.id)
+		delete(e.dirty, t)
+		if _, ok := e.timed[t]; ok {
+			delete(e.timed, t)
+			e.timedChange = true
+		}
+		e.metrics.objects.Dec()
+		delete(t.feed.targets, t)
+		e.release(t.feed)
+		for _, f := range t.gen {
+			delete(f.dependents, t)
+			e.release(f)
+		}
+	}
+	w.targets = nil
+}
+
+// grant records that w's caller may read access, lets feeds waiting for it
+// start, and delivers what it unblocks.
+func (e *Engine) grant(w *Watch, access []Access) {
+	if _, ok := e.watches[w]; !ok {
+		return
+	}
+	for _, a := range access {
+		if _, ok := w.access[a]; ok {
+			w.access[a] = true
+		}
+	}
+	for _, t := range w.targets {
+		for _, f := range t.feeds() {
+			if f.gvrKnown() && w.access[Access{f.gvr, w.scopeNamespace(f.key.namespace)}] {
+				f.grant()
+			}
+		}
+		e.deliver(w, t)
+	}
+	e.checkSynced(w)
+}
+
+// needAccess reports f's Access to w if f's resource is known and w has not
+// been told yet; if w has granted it already, f may start.
+func (e *Engine) needAccess(w *Watch, f *feed) {
+	if !f.gvrKnown() {
+		return
+	}
+	a := Access{f.gvr, w.scopeNamespace(f.key.namespace)}
+	granted, reported := w.access[a]
+	switch {
+	case !reported:
+		w.access[a] = false
+		w.reportAccess(a)
+	case granted:
+		f.grant()
+	}
+}
+
+// deliverable reports whether w may receive t's status: w's caller may read
+// every feed of t whose resource exists.
+func (e *Engine) deliverable(w *Watch, t *target) bool {
+	for _, f := range t.feeds() {
+		if f.state == feedAbsent {
+			continue
+		}
+		if !f.gvrKnown() || !w.access[Access{f.gvr, w.scopeNamespace(f.key.namespace)}] {
+			return false
+		}
+	}
+	return true
+}
+
+// deliver pushes t's status to w if it is known, w may see it and w was
+// not given it already.
+func (e *Engine) deliver(w *Watch, t *target) {
+	if t.status != nil && w.sent[t] != t.status && e.deliverable(w, t) {
+		w.sent[t] = t.status
+		w.push(t.status)
+	}
+}
+
+// checkSynced marks w synced once every object's status was delivered.
+func (e *Engine) checkSynced(w *Watch) {
+	if w.syncedLoop {
+		return
+	}
+	for ; w.ready < len(w.targets); w.ready++ {
+		t := w.targets[w.ready]
+		if t.status == nil || w.sent[t] == nil {
+			return
+		}
+	}
+	w.syncedLoop = true
+	w.setSynced()
+}
+
+// flush recomputes the dirty targets and re-arms the timer.
+func (e *Engine) flush() {
+	var touched map[*Watch]struct{}
+	if len(e.dirty) > 0 {
+		touched = map[*Watch]struct{}{}
+	}
+	for t, changed := range e.dirty {
+		delete(e.dirty, t)
+		if !t.feed.known() || (t.feed.state == feedSynced && !allKnown(t.gen)) {
+			continue // recomputed when its feeds are
+		}
+		if e.compute(t, changed) {
+			for w := range t.watches {
+				touched[w] = struct{}{}
+			}
+		}
+	}
+	for w := range touched {
+		e.checkSynced(w)
+	}
+	if e.timedChange {
+		e.timedChange = false
+		e.armTimer()
+	}
+}
+
+func allKnown(fs []*feed) bool {
+	for _, f := range fs {
+		if !f.known() {
+			return false
+		}
+	}
+	return true
+}
+
+// compute recomputes t's status and delivers it if it changed; it reports
+// whether it did. A change restarts the unschedulable timer.
+func (e *Engine) compute(t *target, changed bool) bool {
+	e.metrics.computations.Inc()
+	rs, unsched := e.read(t)
+	if changed || !unsched {
+		if !t.due.IsZero() {
+			t.due = time.Time{}
+			delete(e.timed, t)
+			e.timedChange = true
+		}
+	}
+	if unsched && t.due.IsZero() {
+		t.due = time.Now().Add(kstatus.ScheduleWindow)
+		e.timed[t] = struct{}{}
+		e.timedChange = true
+	}
+	if t.status != nil && equal(t.status, rs) {
+		return false
+	}
+	t.status = rs
+	e.metrics.changes.Inc()
+	for w := range t.watches {
+		e.deliver(w, t)
+	}
+	return true
+}
+
+// read computes t's status from the feeds with cli-utils' status readers.
+func (e *Engine) read(t *target) (*event.ResourceStatus, bool) {
+	if t.feed.state != feedSynced {
+		t.deps = nil
+		return notFound(t.id), false
+	}
+	o, ok := t.feed.sub.Get(t.id.Namespace, t.id.Name)
+	if !ok {
+		t.deps = nil
+		return notFound(t.id), false
+	}
+	u, err := decode(o.Data)
+	if err != nil {
+		return &event.ResourceStatus{Identifier: t.id, Status: kstatus.UnknownStatus, Error: err}, false
+	}
+	cr := &clusterReader{t: t}
+	rs, err := e.reader.ReadStatusForObject(e.ctx, cr, u)
+	t.deps = cr.deps
+	if err != nil {
+		return &event.ResourceStatus{Identifier: t.id, Status: kstatus.UnknownStatus, Resource: identity(u), Error: err}, false
+	}
+	return summarize(rs), unschedulable(rs)
+}
+
+// onTimer marks the targets whose unschedulable re-check is due.
+func (e *Engine) onTimer() {
+	now := time.Now()
+	for t := range e.timed {
+		if !t.due.After(now) {
+			t.due = time.Time{}
+			delete(e.timed, t)
+			if _, pending := e.dirty[t]; !pending {
+				e.dirty[t] = false // a re-check, not a change
+			}
+		}
+	}
+	e.timedChange = true
+}
+
+func (e *Engine) armTimer() {
+	if e.timer != nil {
+		e.timer.Stop()
+		e.timer = nil
+	}
+	var next time.Time
+	for t := range e.timed {
+		if next.IsZero() || t.due.Before(next) {
+			next = t.due
+		}
+	}
+	if !next.IsZero() {
+		e.timer = time.NewTimer(time.Until(next))
+	}
+}
+
+// onFeed handles a message from a feed's goroutine.
+func (e *Engine) onFeed(m feedMsg) {
+	f := m.f
+	if e.feeds[f.key] != f {
+		return // released since
+	}
+	switch m.kind {
+	case msgAbsent:
+		f.setAbsent()
+		e.dirtyAll(f)
+	case msgResolved:
+		f.gvr, f.state = m.gvr, feedResolved
+		for w := range e.watchesOf(f) {
+			e.needAccess(w, f)
+		}
+	case msgSubscribed:
+		f.sub, f.state = m.sub, feedSyncing
+	case msgEvents:
+		e.onEvents(f, m.evs)
+	case msgLost:
+		f.sub = nil
+		if errors.Is(m.err, cache.ErrResourceRemoved) {
+			e.log.Info("resource removed: its objects are NotFound until it is served again", "kind", f.key.gk, "err", m.err)
+			f.setAbsent()
+			e.dirtyAll(f)
+			return
+		}
+		f.state = feedResolving
+		e.failWatches(f, m.err)
+	case msgFailed:
+		switch {
+		case apierrors.IsForbidden(m.err):
+			e.failWatches(f, fmt.Errorf("%w: %s in namespace %q: %w", ErrForbidden, f.key.gk, f.key.namespace, m.err))
+			return
+		case errors.Is(m.err, cache.ErrLimit), errors.Is(m.err, cache.ErrRejected):
+			e.failWatches(f, m.err) // retrying would not help these Watches
+			return
+		}
+		e.log.Info("status feed failed: retrying", "kind", f.key.gk, "namespace", f.key.namespace, "err", m.err)
+	}
+}
+
+// onEvents applies a batch of a feed's events: a change to a watched
+// object, or to an object a target's status listed, makes it dirty.
+func (e *Engine) onEvents(f *feed, evs []*cache.Event) {
+	for _, ev := range evs {
+		switch ev.Type {
+		case cache.Reset:
+			f.state = feedSyncing
+		case cache.Synced:
+			f.state = feedSynced
+			e.dirtyAll(f)
+		case cache.Added, cache.Modified, cache.Deleted:
+			if f.state != feedSynced {
+				continue // a snapshot: Synced follows
+			}
+			o := ev.Object
+			for t := range f.targets {
+				if t.id.Name == o.Name && t.id.Namespace == o.Namespace {
+					e.dirty[t] = true
+				}
+			}
+			for t := range f.dependents {
+				if t.lists(f, o) {
+					e.dirty[t] = true
+				}
+			}
+		}
+	}
+}
+
+func (e *Engine) dirtyAll(f *feed) {
+	for t := range f.targets {
+		e.dirty[t] = true
+	}
+	for t := range f.dependents {
+		e.dirty[t] = true
+	}
+}
+
+// watchesOf returns the Watches that read f.
+func (e *Engine) watchesOf(f *feed) map[*Watch]struct{} {
+	ws := map[*Watch]struct{}{}
+	for _, ts := range []map[*target]struct{}{f.targets, f.dependents} {
+		for t := range ts {
+			for w := range t.watches {
+				ws[w] = struct{}{}
+			}
+		}
+	}
+	return ws
+}
+
+func (e *Engine) failWatches(f *feed, err error) {
+	for w := range e.watchesOf(f) {
+		w.fail(err)
+	}
+}

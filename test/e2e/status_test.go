@@ -1,0 +1,484 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/cli-utils/pkg/kstatus/polling/event"
+	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
+	"sigs.k8s.io/cli-utils/pkg/kstatus/watcher"
+	"sigs.k8s.io/cli-utils/pkg/object"
+
+	"github.com/informerd/informerd/cache"
+	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/test/controlplane"
+)
+
+// statusWatcher returns a StatusWatcher of the daemon for one applier.
+func (d *testDaemon) statusWatcher(t *testing.T, name string) watcher.StatusWatcher {
+	t.Helper()
+	return client.NewStatusWatcher(d.dial(t), client.StatusWatcherOptions{
+		ClientName: name, Backoff: client.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond},
+		OnError: func(err error) { t.Logf("status watcher %s reconnects after: %v", name, err) },
+	})
+}
+
+// fullInventory is the inventory of TestApplierAndDestroyer: a Namespace
+// and, in it, a ConfigMap, a Deployment of 2 replicas, a Service, a CRD and
+// an object of it. Every name carries suffix.
+func fullInventory(suffix string) []*unstructured.Unstructured {
+	ns, group := "apply-"+suffix, suffix+".informerd.dev"
+	return []*unstructured.Unstructured{
+		u("v1", "Namespace", "", ns, nil),
+		u("v1", "ConfigMap", ns, "config", map[string]any{"data": map[string]any{"k": "v"}}),
+		deploymentObj(ns, "web", 2, nil),
+		serviceObj(ns, "web"),
+		crdObj(group, "Widget"),
+		u(group+"/v1", "Widget", ns, "w", nil),
+	}
+}
+
+// byShape keys statuses by kind and name with suffix removed, so that two
+// runs of one inventory shape compare.
+func byShape(m map[object.ObjMetadata]kstatus.Status, suffix string) map[string]kstatus.Status {
+	out := map[string]kstatus.Status{}
+	for id, s := range m {
+		out[id.GroupKind.Kind+"/"+strings.ReplaceAll(id.Namespace+"/"+id.Name, suffix, "*")] = s
+	}
+	return out
+}
+
+// TestApplierAndDestroyer: a real cli-utils Applier with informerd's
+// StatusWatcher applies an inventory with a reconcile wait and every object
+// ends Current; a Destroyer with it deletes them all and sees each
+// NotFound. The same inventory with cli-utils' DefaultStatusWatcher (which
+// watches the API server itself) ends with the same statuses.
+//
+// kube-controller-manager runs without its garbage collector, which the
+// Destroyer does not need: it deletes with background propagation, so the
+// Deployment is gone at once and waits for nothing, and the namespace
+// controller (which needs no garbage collector) deletes the ReplicaSets
+// and Pods left in the Namespace before the Namespace itself goes.
+func TestApplierAndDestroyer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	d := startDaemon(t, cache.Options{})
+	invNS := createNamespace(ctx, t, "inventory")
+	run := func(mode string, sw func() watcher.StatusWatcher) (applied, destroyed map[string]kstatus.Status) {
+		suffix := mode + "-" + rand.String(5)
+		objs := fullInventory(suffix)
+		ids := object.UnstructuredSetToObjMetadataSet(objs)
+		r := startApply(ctx, newApplier(t, sw()), invNS, suffix, objs, 3*time.Minute).wait(ctx, t)
+		r.expectReconciled(t, mode+" apply", ids, kstatus.CurrentStatus)
+		r2 := startDestroy(ctx, newDestroyer(t, sw()), invNS, suffix, 3*time.Minute).wait(ctx, t)
+		r2.expectReconciled(t, mode+" destroy", ids, kstatus.NotFoundStatus)
+		return byShape(r.final(), suffix), byShape(r2.final(), suffix)
+	}
+	ourApplied, ourDestroyed := run("informerd", func() watcher.StatusWatcher { return d.statusWatcher(t, "applier") })
+	directApplied, directDestroyed := run("direct", func() watcher.StatusWatcher { return nil })
+	if !maps.Equal(ourApplied, directApplied) || !maps.Equal(ourDestroyed, directDestroyed) {
+		t.Fatalf("final statuses differ:\ninformerd apply %v\ndirect    apply %v\ninformerd destroy %v\ndirect    destroy %v",
+			ourApplied, directApplied, ourDestroyed, directDestroyed)
+	}
+	t.Logf("final statuses, identical through informerd and direct: apply %v, destroy %v", ourApplied, ourDestroyed)
+}
+
+// TestUnschedulablePodFailsAfter15s: a Pod that cannot be scheduled is
+// InProgress, then Failed 15 s after it was last changed, not before.
+func TestUnschedulablePodFailsAfter15s(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin := kubernetes.NewForConfigOrDie(env.RESTConfig())
+	ns := createNamespace(ctx, t, "unschedulable")
+	if err := controlplane.WaitForDefaultServiceAccount(ctx, admin, ns); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, cache.Options{})
+	id := object.ObjMetadata{GroupKind: schema.GroupKind{Kind: "Pod"}, Namespace: ns, Name: "stuck"}
+	events := d.statusWatcher(t, "unschedulable").Watch(ctx, object.ObjMetadataSet{id}, watcher.Options{})
+	next := func() event.Event {
+		t.Helper()
+		select {
+		case ev, ok := <-events:
+			if !ok || ev.Type == event.ErrorEvent {
+				t.Fatalf("status watcher ended: %v", ev.Error)
+			}
+			return ev
+		case <-ctx.Done():
+			t.Fatal("no status event")
+			return event.Event{}
+		}
+	}
+	if ev := next(); ev.Type != event.ResourceUpdateEvent || ev.Resource.Status != kstatus.NotFoundStatus {
+		t.Fatalf("first event %v, want the absent Pod NotFound", ev)
+	}
+	if ev := next(); ev.Type != event.SyncEvent {
+		t.Fatalf("second event %v, want SyncEvent", ev)
+	}
+	created := time.Now()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "stuck"},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{"informerd.dev/no-such-node": "true"},
+			Containers:   []corev1.Container{{Name: "c", Image: "registry.invalid/none:1"}},
+		},
+	}
+	if _, err := admin.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	for {
+		ev := next()
+		rs := ev.Resource
+		seen = append(seen, fmt.Sprintf("%s %q after %s", rs.Status, rs.Message, time.Since(created).Round(100*time.Millisecond)))
+		if rs.Status == kstatus.FailedStatus {
+			break
+		}
+		if rs.Status != kstatus.InProgressStatus {
+			t.Fatalf("statuses %q: want InProgress until Failed", seen)
+		}
+	}
+	elapsed := time.Since(created)
+	t.Logf("statuses: %q", seen)
+	if elapsed < kstatus.ScheduleWindow || elapsed > kstatus.ScheduleWindow+10*time.Second {
+		t.Fatalf("Failed %s after the unschedulable Pod was created, want 15 s (up to 10 s late)", elapsed)
+	}
+	if !strings.Contains(seen[0], "InProgress") || len(seen) < 2 {
+		t.Fatalf("statuses %q: want InProgress before Failed", seen)
+	}
+}
+
+// createGateCRD creates a Gate CRD, in a group of the test's own (a CRD
+// deleted by the previous test may still be going), and returns the group.
+func createGateCRD(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	group := rand.String(6) + ".gates.e2e.informerd.dev"
+	createCRD(ctx, t, dynamic.NewForConfigOrDie(env.RESTConfig()), schema.GroupVersionResource{Group: group, Version: "v1", Resource: "gates"}, "Gate")
+	return group
+}
+
+// gatedInventory is an applier's inventory in namespace ns: a ConfigMap,
+// a Deployment of one replica, a Service and a Gate that holds the
+// reconcile wait open until openGate.
+func gatedInventory(gateGroup, ns string) []*unstructured.Unstructured {
+	return []*unstructured.Unstructured{
+		u("v1", "ConfigMap", ns, "config", map[string]any{"data": map[string]any{"k": "v"}}),
+		deploymentObj(ns, "web", 1, nil),
+		serviceObj(ns, "web"),
+		gateObj(gateGroup, ns, "gate"),
+	}
+}
+
+// statusResources are the resources whose upstream watches the appliers
+// of gatedInventory cost: the inventory's, then the generated ones.
+func statusResources(gateGroup string) []schema.GroupVersionResource {
+	return []schema.GroupVersionResource{
+		{Version: "v1", Resource: "configmaps"},
+		{Group: "apps", Version: "v1", Resource: "deployments"},
+		{Version: "v1", Resource: "services"},
+		{Group: gateGroup, Version: "v1", Resource: "gates"},
+		{Group: "apps", Version: "v1", Resource: "replicasets"},
+		{Version: "v1", Resource: "pods"},
+	}
+}
+
+// watchCounts is the API server's number of watches of each resource, in
+// order.
+func watchCounts(ctx context.Context, t *testing.T, resources []schema.GroupVersionResource) []int {
+	m := scrapeAPIServer(ctx, t)
+	out := make([]int, len(resources))
+	for i, gvr := range resources {
+		out[i] = int(m.sum("apiserver_longrunning_requests", map[string]string{"verb": "WATCH", "group": gvr.Group, "resource": gvr.Resource}))
+	}
+	return out
+}
+
+func sub(a, b []int) []int {
+	out := make([]int, len(a))
+	for i := range a {
+		out[i] = a[i] - b[i]
+	}
+	return out
+}
+
+// appliersWatches runs n appliers at once, each applying gatedInventory in
+// a namespace of its own with the StatusWatcher sw gives, and returns the
+// upstream watches per statusResources that they add while all of them
+// wait (compared with before), then lets them finish.
+func appliersWatches(ctx context.Context, t *testing.T, n int, invNS, gateGroup string, sw func(i int) watcher.StatusWatcher) []int {
+	t.Helper()
+	settled := func() []int {
+		// The API server counts a watch shortly after it opens or closes:
+		// take the count once it stopped moving.
+		var last []int
+		eventually(ctx, t, "watch counts settle", func() bool {
+			c := watchCounts(ctx, t, statusResources(gateGroup))
+			ok := slices.Equal(c, last)
+			last = c
+			hold(ctx, 500*time.Millisecond)
+			return ok
+		})
+		return last
+	}
+	before := settled()
+	namespaces := make([]string, n)
+	runs := make([]*runResult, n)
+	for i := range n {
+		namespaces[i] = createNamespace(ctx, t, "applier")
+	}
+	for i, ns := range namespaces {
+		runs[i] = startApply(ctx, newApplier(t, sw(i)), invNS, "gated-"+ns, gatedInventory(gateGroup, ns), 3*time.Minute)
+	}
+	gate := object.ObjMetadata{GroupKind: schema.GroupKind{Group: gateGroup, Kind: "Gate"}, Name: "gate"}
+	eventually(ctx, t, "every applier waits for its Gate", func() bool {
+		for i, r := range runs {
+			gate.Namespace = namespaces[i]
+			if r.last(gate) != kstatus.InProgressStatus {
+				return false
+			}
+		}
+		return true
+	})
+	during := settled()
+	for i, r := range runs {
+		openGate(ctx, t, gateGroup, namespaces[i], "gate")
+		objs := gatedInventory(gateGroup, namespaces[i])
+		r.wait(ctx, t).expectReconciled(t, "applier in "+namespaces[i], object.UnstructuredSetToObjMetadataSet(objs), kstatus.CurrentStatus)
+	}
+	return sub(during, before)
+}
+
+// TestAppliersShareUpstreamWatches: appliers that wait through informerd
+// cost the API server one watch per resource, five as much as one; with
+// cli-utils' DefaultStatusWatcher each applier costs one watch per
+// resource of its inventory (and LISTs of ReplicaSets and Pods instead of
+// watches). The API server's own metrics count them.
+func TestAppliersShareUpstreamWatches(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	gateGroup := createGateCRD(ctx, t)
+	invNS := createNamespace(ctx, t, "inventory")
+	throughDaemon := func(n int) []int {
+		d := startDaemon(t, cache.Options{})
+		defer d.stop() // its informers stop with it: the next phase starts from nothing
+		return appliersWatches(ctx, t, n, invNS, gateGroup, func(i int) watcher.StatusWatcher { return d.statusWatcher(t, fmt.Sprintf("applier-%d", i)) })
+	}
+	direct := func(n int) []int {
+		return appliersWatches(ctx, t, n, invNS, gateGroup, func(int) watcher.StatusWatcher { return nil })
+	}
+	oneDaemon, fiveDaemon := throughDaemon(1), throughDaemon(5)
+	oneDirect, fiveDirect := direct(1), direct(5)
+	var b strings.Builder
+	fmt.Fprintf(&b, "upstream watches added while the appliers wait (%s):\n", resourceNames(statusResources(gateGroup)))
+	for _, row := range []struct {
+		name string
+		n    []int
+	}{{"1 applier, informerd", oneDaemon}, {"5 appliers, informerd", fiveDaemon}, {"1 applier, direct", oneDirect}, {"5 appliers, direct", fiveDirect}} {
+		fmt.Fprintf(&b, "  %-22s %v\n", row.name, row.n)
+	}
+	t.Log(b.String())
+
+	if want := []int{1, 1, 1, 1, 1, 1}; !slices.Equal(oneDaemon, want) || !slices.Equal(fiveDaemon, want) {
+		t.Fatalf("through informerd: 1 applier %v, 5 appliers %v; want %v each (one watch per resource)", oneDaemon, fiveDaemon, want)
+	}
+	if want := []int{1, 1, 1, 1, 0, 0}; !slices.Equal(oneDirect, want) {
+		t.Fatalf("1 direct applier %v, want %v", oneDirect, want)
+	}
+	if want := []int{5, 5, 5, 5, 0, 0}; !slices.Equal(fiveDirect, want) {
+		t.Fatalf("5 direct appliers %v, want %v", fiveDirect, want)
+	}
+}
+
+func resourceNames(resources []schema.GroupVersionResource) string {
+	var names []string
+	for _, gvr := range resources {
+		names = append(names, gvr.Resource)
+	}
+	return strings.Join(names, ", ")
+}
+
+// TestConcurrentCRDsAndObjects: 5 appliers, each creating its own CRD and
+// an object of it at the same moment, 20 times over: every wait ends
+// Current. cli-utils' DefaultStatusWatcher can time out here (its
+// RESTMapper is reset on the CRD's last event while discovery still lags,
+// and nothing retries); the daemon keeps rereading discovery until the
+// resource is served.
+func TestConcurrentCRDsAndObjects(t *testing.T) {
+	const appliers, trials = 5, 20
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	d := startDaemon(t, cache.Options{})
+	invNS := createNamespace(ctx, t, "inventory")
+	namespaces := make([]string, appliers)
+	for i := range namespaces {
+		namespaces[i] = createNamespace(ctx, t, "crd-race")
+	}
+	dyn := dynamic.NewForConfigOrDie(env.RESTConfig())
+	for trial := range trials {
+		start := time.Now()
+		var wg sync.WaitGroup
+		runs := make([]*runResult, appliers)
+		objs := make([][]*unstructured.Unstructured, appliers)
+		for i := range appliers {
+			group := fmt.Sprintf("t%d-a%d.race.informerd.dev", trial, i)
+			objs[i] = []*unstructured.Unstructured{crdObj(group, "Racer"), u(group+"/v1", "Racer", namespaces[i], "r", nil)}
+			t.Cleanup(func() {
+				_ = dyn.Resource(crdGVR).Delete(context.Background(), "racers."+group, metav1.DeleteOptions{})
+			})
+			a := newApplier(t, d.statusWatcher(t, fmt.Sprintf("racer-%d", i)))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				runs[i] = startApply(ctx, a, invNS, fmt.Sprintf("race-%d-%d", trial, i), objs[i], time.Minute).wait(ctx, t)
+			}()
+		}
+		wg.Wait()
+		for i, r := range runs {
+			r.expectReconciled(t, fmt.Sprintf("trial %d, applier %d", trial, i), object.UnstructuredSetToObjMetadataSet(objs[i]), kstatus.CurrentStatus)
+		}
+		t.Logf("trial %d: %d appliers Current in %s", trial, appliers, time.Since(start).Round(10*time.Millisecond))
+	}
+}
+
+// TestDaemonRestartDuringReconcileWait: the daemon restarts while an
+// applier waits; the wait completes once the objects are Current, and no
+// object's status ever goes backwards.
+func TestDaemonRestartDuringReconcileWait(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	gateGroup := createGateCRD(ctx, t)
+	invNS := createNamespace(ctx, t, "inventory")
+	ns := createNamespace(ctx, t, "restart")
+	socket := filepath.Join(t.TempDir(), "informerd.sock")
+	d := startDaemonAt(t, socket, cache.Options{})
+	objs := gatedInventory(gateGroup, ns)
+	ids := object.UnstructuredSetToObjMetadataSet(objs)
+	r := startApply(ctx, newApplier(t, d.statusWatcher(t, "restart")), invNS, "restart", objs, 3*time.Minute)
+	deployment := object.ObjMetadata{GroupKind: schema.GroupKind{Group: "apps", Kind: "Deployment"}, Namespace: ns, Name: "web"}
+	gate := object.ObjMetadata{GroupKind: schema.GroupKind{Group: gateGroup, Kind: "Gate"}, Namespace: ns, Name: "gate"}
+	eventually(ctx, t, "the Deployment is Current and the Gate holds the wait", func() bool {
+		return r.last(deployment) == kstatus.CurrentStatus && r.last(gate) == kstatus.InProgressStatus
+	})
+
+	d.stop()
+	d2 := startDaemonAt(t, socket, cache.Options{})
+	eventually(ctx, t, "the applier's watcher is back on the new daemon", func() bool {
+		for _, s := range d2.mgr.Sources() {
+			if s.Key.GVR.Resource == "gates" && slices.Contains(s.Holders, "informerd-status") {
+				return true
+			}
+		}
+		return false
+	})
+	openGate(ctx, t, gateGroup, ns, "gate")
+	r.wait(ctx, t).expectReconciled(t, "apply across a daemon restart", ids, kstatus.CurrentStatus)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, ss := range r.statuses {
+		if i := slices.Index(ss, kstatus.CurrentStatus); i >= 0 && slices.ContainsFunc(ss[i:], func(s kstatus.Status) bool { return s != kstatus.CurrentStatus }) {
+			t.Fatalf("%s went back from Current: %v", id, ss)
+		}
+		for i := 1; i < len(ss); i++ {
+			if ss[i] == ss[i-1] && id != deployment {
+				t.Fatalf("%s reported %s twice in a row: %v", id, ss[i], ss)
+			}
+		}
+	}
+}
+
+// TestInformerctlStatus: `informerctl status -f DIR` prints each object's
+// status as it changes, exits 0 once all are Current, and exits 1 after
+// -timeout naming the ones that are not.
+func TestInformerctlStatus(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	gateGroup := createGateCRD(ctx, t)
+	ns := createNamespace(ctx, t, "ctl")
+	d := startDaemon(t, cache.Options{})
+	dyn := dynamic.NewForConfigOrDie(env.RESTConfig())
+	gate := gateObj(gateGroup, ns, "gate")
+	if _, err := dyn.Resource(schema.GroupVersionResource{Group: gateGroup, Version: "v1", Resource: "gates"}).Namespace(ns).Create(ctx, gate, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createConfigMap(ctx, t, ns, "config", nil)
+	dir := t.TempDir()
+	manifest := fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: config}\n---\napiVersion: %s/v1\nkind: Gate\nmetadata: {name: gate, namespace: %s}\n", gateGroup, ns)
+	if err := os.WriteFile(filepath.Join(dir, "app.yaml"), []byte(manifest), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := func() (stdout, stderr string, code int) {
+		cmd := exec.CommandContext(ctx, informerctlBin.build(t), "-address", d.socket, "status", "-f", dir, "-namespace", ns, "-timeout", "5s")
+		var o, e strings.Builder
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatal(err)
+		}
+		return o.String(), e.String(), cmd.ProcessState.ExitCode()
+	}
+	stdout, stderr, code := run()
+	if code != 1 || !strings.Contains(stderr, "timed out with 1 of 2 objects not Current: Gate."+gateGroup+" "+ns+"/gate (InProgress: held open by the test)") {
+		t.Fatalf("with the Gate InProgress: exit %d, stderr %q; want 1 naming the Gate", code, stderr)
+	}
+	if !strings.Contains(stdout, "Current\tConfigMap "+ns+"/config\t") || !strings.Contains(stdout, "SYNCED\n") {
+		t.Fatalf("stdout %q: want the ConfigMap's line and SYNCED", stdout)
+	}
+	openGate(ctx, t, gateGroup, ns, "gate")
+	stdout, stderr, code = run()
+	if code != 0 || !strings.Contains(stdout, "Current\tGate."+gateGroup+" "+ns+"/gate\t") {
+		t.Fatalf("with every object Current: exit %d, stdout %q, stderr %q; want 0", code, stdout, stderr)
+	}
+}
+
+// TestStatusForbiddenIsTerminal: when the daemon may not read a resource a
+// status stream needs, the applier's watcher gets a terminal Forbidden
+// ErrorEvent and its channel closes, as with cli-utils' own watcher.
+func TestStatusForbiddenIsTerminal(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin := kubernetes.NewForConfigOrDie(env.RESTConfig())
+	nsA, nsB := createNamespace(ctx, t, "allowed"), createNamespace(ctx, t, "denied")
+	read := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}
+	if err := controlplane.Grant(ctx, admin, nsA, "daemon", nsA, read); err != nil {
+		t.Fatal(err)
+	}
+	token, err := controlplane.ServiceAccountToken(ctx, admin, nsA, "daemon")
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemonIdentity := kubernetes.NewForConfigOrDie(env.TokenConfig(token))
+	eventually(ctx, t, "the daemon's ServiceAccount may list configmaps in "+nsA, func() bool {
+		_, err := daemonIdentity.CoreV1().ConfigMaps(nsA).List(ctx, metav1.ListOptions{})
+		return err == nil
+	})
+	d := startDaemon(t, cache.Options{Config: env.TokenConfig(token)})
+	id := object.ObjMetadata{GroupKind: schema.GroupKind{Kind: "ConfigMap"}, Namespace: nsB, Name: "x"}
+	var got []event.Event
+	for ev := range d.statusWatcher(t, "forbidden").Watch(ctx, object.ObjMetadataSet{id}, watcher.Options{}) {
+		got = append(got, ev)
+	}
+	if len(got) != 1 || got[0].Type != event.ErrorEvent || !apierrors.IsForbidden(got[0].Error) {
+		t.Fatalf("events %v, want one Forbidden ErrorEvent, then the channel closed", got)
+	}
+	t.Logf("error event: %v", got[0].Error)
+}
