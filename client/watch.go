@@ -136,9 +136,27 @@ func terminal(err error) bool {
 	return false
 }
 
+// retryable reports whether the Watcher tries again after err ended a
+// stream (progressed: after it delivered events). PERMISSION_DENIED is
+// retried, as client-go's reflector retries Forbidden: RBAC changes, and
+// an API server that restarts denies for a moment. UNAUTHENTICATED is
+// retried after a stream that worked: its token expired, and the next
+// stream reads the rotated one.
+func retryable(err error, progressed bool) bool {
+	switch status.Code(err) {
+	case codes.PermissionDenied:
+		return true
+	case codes.Unauthenticated:
+		return progressed
+	}
+	return !terminal(err)
+}
+
 // Run watches until ctx ends (returning nil) or the watch fails in a way
 // that retrying cannot fix: a gRPC status error from the daemon, a
-// DecodeError, or ErrSocketPermission.
+// DecodeError, or ErrSocketPermission (see retryable for
+// PERMISSION_DENIED and UNAUTHENTICATED). OnError sees every error it
+// retries after.
 func (w *Watcher) Run(ctx context.Context) error {
 	bo := backoff.Backoff{Initial: w.o.Backoff.Initial, Max: w.o.Backoff.Max}
 	for ctx.Err() == nil {
@@ -146,7 +164,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err = w.c.explain(err); terminal(err) {
+		if err = w.c.explain(err); !retryable(err, progressed) {
 			return err
 		}
 		if w.o.OnError != nil {

@@ -8,6 +8,7 @@ type metrics struct {
 	eventsOut     prometheus.Counter
 	bytesOut      prometheus.Counter
 	requestErrors *prometheus.CounterVec
+	limited       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -16,11 +17,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		eventsOut: prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_events_out_total", Help: "Events written to watch streams."}),
 		bytesOut:  prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_bytes_out_total", Help: "Encoded event bytes written to watch streams."}),
 		requestErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "informerd_stream_errors_total", Help: "Watch streams ended with an error, by gRPC code.",
+			Name: "informerd_stream_errors_total", Help: "Watch streams ended with an error, and requests refused before their handler (authentication, limits), by gRPC code.",
 		}, []string{"code"}),
+		limited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "informerd_limit_rejections_total", Help: "Streams and connections refused by a limit, by limit: streams_per_caller, connections, connections_per_peer.",
+		}, []string{"limit"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.streams, m.eventsOut, m.bytesOut, m.requestErrors)
+		reg.MustRegister(m.streams, m.eventsOut, m.bytesOut, m.requestErrors, m.limited)
 	}
 	return m
 }

@@ -797,7 +797,11 @@ type Informer struct {
 	// encoding is how the informer watches and keeps objects: ENCODING_JSON,
 	// or ENCODING_PROTOBUF for built-in types that protobuf clients asked
 	// for.
-	Encoding      Encoding `protobuf:"varint,12,opt,name=encoding,proto3,enum=informerd.v1.Encoding" json:"encoding,omitempty"`
+	Encoding Encoding `protobuf:"varint,12,opt,name=encoding,proto3,enum=informerd.v1.Encoding" json:"encoding,omitempty"`
+	// subscribers are the open streams on the informer that the caller may
+	// see: all of them for a caller allowed get on /informerd/informers,
+	// else its own.
+	Subscribers   []*Subscriber `protobuf:"bytes,13,rep,name=subscribers,proto3" json:"subscribers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -916,6 +920,80 @@ func (x *Informer) GetEncoding() Encoding {
 	return Encoding_ENCODING_UNSPECIFIED
 }
 
+func (x *Informer) GetSubscribers() []*Subscriber {
+	if x != nil {
+		return x.Subscribers
+	}
+	return nil
+}
+
+// Subscriber is one open stream and who opened it.
+type Subscriber struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// client_name is the name the client gave in its request.
+	ClientName string `protobuf:"bytes,1,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
+	// user is the authenticated caller (for example
+	// system:serviceaccount:ns:name), or its Unix socket uid in the
+	// daemon's insecure local-only mode.
+	User string `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	// peer is what the transport says about the caller's process: uid, gid
+	// and pid on the Unix socket (SO_PEERCRED), the IP over TCP.
+	Peer          string `protobuf:"bytes,3,opt,name=peer,proto3" json:"peer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Subscriber) Reset() {
+	*x = Subscriber{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Subscriber) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Subscriber) ProtoMessage() {}
+
+func (x *Subscriber) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Subscriber.ProtoReflect.Descriptor instead.
+func (*Subscriber) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Subscriber) GetClientName() string {
+	if x != nil {
+		return x.ClientName
+	}
+	return ""
+}
+
+func (x *Subscriber) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *Subscriber) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
 var File_informerd_v1_informerd_proto protoreflect.FileDescriptor
 
 const file_informerd_v1_informerd_proto_rawDesc = "" +
@@ -960,7 +1038,7 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"\x16\n" +
 	"\x14ListInformersRequest\"M\n" +
 	"\x15ListInformersResponse\x124\n" +
-	"\tinformers\x18\x01 \x03(\v2\x16.informerd.v1.InformerR\tinformers\"\xb3\x03\n" +
+	"\tinformers\x18\x01 \x03(\v2\x16.informerd.v1.InformerR\tinformers\"\xef\x03\n" +
 	"\bInformer\x12>\n" +
 	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -974,7 +1052,14 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x0emax_lag_events\x18\n" +
 	" \x01(\x03R\fmaxLagEvents\x12\x18\n" +
 	"\amessage\x18\v \x01(\tR\amessage\x122\n" +
-	"\bencoding\x18\f \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding*N\n" +
+	"\bencoding\x18\f \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding\x12:\n" +
+	"\vsubscribers\x18\r \x03(\v2\x18.informerd.v1.SubscriberR\vsubscribers\"U\n" +
+	"\n" +
+	"Subscriber\x12\x1f\n" +
+	"\vclient_name\x18\x01 \x01(\tR\n" +
+	"clientName\x12\x12\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\x12\x12\n" +
+	"\x04peer\x18\x03 \x01(\tR\x04peer*N\n" +
 	"\bEncoding\x12\x18\n" +
 	"\x14ENCODING_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rENCODING_JSON\x10\x01\x12\x15\n" +
@@ -1009,7 +1094,7 @@ func file_informerd_v1_informerd_proto_rawDescGZIP() []byte {
 }
 
 var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_informerd_v1_informerd_proto_goTypes = []any{
 	(Encoding)(0),                 // 0: informerd.v1.Encoding
 	(View)(0),                     // 1: informerd.v1.View
@@ -1023,6 +1108,7 @@ var file_informerd_v1_informerd_proto_goTypes = []any{
 	(*ListInformersRequest)(nil),  // 9: informerd.v1.ListInformersRequest
 	(*ListInformersResponse)(nil), // 10: informerd.v1.ListInformersResponse
 	(*Informer)(nil),              // 11: informerd.v1.Informer
+	(*Subscriber)(nil),            // 12: informerd.v1.Subscriber
 }
 var file_informerd_v1_informerd_proto_depIdxs = []int32{
 	3,  // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
@@ -1036,17 +1122,18 @@ var file_informerd_v1_informerd_proto_depIdxs = []int32{
 	11, // 8: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
 	3,  // 9: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
 	0,  // 10: informerd.v1.Informer.encoding:type_name -> informerd.v1.Encoding
-	4,  // 11: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
-	9,  // 12: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
-	5,  // 13: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
-	7,  // 14: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
-	10, // 15: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
-	6,  // 16: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
-	14, // [14:17] is the sub-list for method output_type
-	11, // [11:14] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	12, // 11: informerd.v1.Informer.subscribers:type_name -> informerd.v1.Subscriber
+	4,  // 12: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
+	9,  // 13: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
+	5,  // 14: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
+	7,  // 15: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
+	10, // 16: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
+	6,  // 17: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
+	15, // [15:18] is the sub-list for method output_type
+	12, // [12:15] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_informerd_v1_informerd_proto_init() }
@@ -1060,7 +1147,7 @@ func file_informerd_v1_informerd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_informerd_v1_informerd_proto_rawDesc), len(file_informerd_v1_informerd_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
