@@ -59,7 +59,7 @@ type AuthenticatorOptions struct {
 	// ReviewTimeout bounds one TokenReview. Default 10s.
 	ReviewTimeout time.Duration
 	// ReviewsPerSecond and ReviewBurst limit the TokenReviews that tokens
-	// missing the cache cause, per source (a peer). Defaults 5 and 20.
+	// missing the cache cause, per source (a peer). Defaults 20 and 100.
 	ReviewsPerSecond float64
 	ReviewBurst      int
 	// Logger. Default slog.Default().
@@ -109,10 +109,10 @@ func NewAuthenticator(opts AuthenticatorOptions) (*Authenticator, error) {
 		opts.ReviewTimeout = 10 * time.Second
 	}
 	if opts.ReviewsPerSecond <= 0 {
-		opts.ReviewsPerSecond = 5
+		opts.ReviewsPerSecond = 20
 	}
 	if opts.ReviewBurst <= 0 {
-		opts.ReviewBurst = 20
+		opts.ReviewBurst = 100
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -172,6 +172,11 @@ func (a *Authenticator) AuthenticateToken(ctx context.Context, token, source str
 	// caller that leaves (it is bounded by ReviewTimeout), and which counts
 	// against the rate of the source that started it.
 	ch := a.flight.DoChan(hex.EncodeToString(key[:]), func() (any, error) {
+		// A review that ended between our look-up and this flight has
+		// filled the cache: look again.
+		if e, ok := a.cache.Get(key); ok && a.opts.Now().Before(e.expires) {
+			return e, nil
+		}
 		if !a.limit.allow(source) {
 			a.metrics.throttled.Inc()
 			return tokenEntry{err: errorf(ErrThrottled, "too many new tokens from %s: at most %g TokenReviews per second (burst %d) for tokens informerd has not seen; retry later",

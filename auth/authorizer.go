@@ -74,7 +74,7 @@ type AuthorizerOptions struct {
 	// ReviewTimeout bounds one SubjectAccessReview. Default 10s.
 	ReviewTimeout time.Duration
 	// ReviewsPerSecond and ReviewBurst limit the SubjectAccessReviews
-	// that checks missing the caches cause, per user. Defaults 10 and 50.
+	// that checks missing the caches cause, per user. Defaults 20 and 100.
 	ReviewsPerSecond float64
 	ReviewBurst      int
 	// Logger. Default slog.Default().
@@ -125,10 +125,10 @@ func NewAuthorizer(opts AuthorizerOptions) (*Authorizer, error) {
 		opts.ReviewTimeout = 10 * time.Second
 	}
 	if opts.ReviewsPerSecond <= 0 {
-		opts.ReviewsPerSecond = 10
+		opts.ReviewsPerSecond = 20
 	}
 	if opts.ReviewBurst <= 0 {
-		opts.ReviewBurst = 50
+		opts.ReviewBurst = 100
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -156,12 +156,11 @@ func NewAuthorizer(opts AuthorizerOptions) (*Authorizer, error) {
 // ErrUnavailable.
 func (z *Authorizer) Authorize(ctx context.Context, u *User, a Attributes) (time.Time, error) {
 	key := keyOfAccess(u, a)
-	now := z.opts.Now()
-	if exp, ok := z.allowed.Get(key); ok && now.Before(exp) {
-		z.metrics.cacheHits.WithLabelValues("allowed").Inc()
-		return exp, nil
-	}
-	if d, ok := z.denied.Get(key); ok && now.Before(d.expires) {
+	if d, ok := z.cached(key); ok {
+		if d.allowed {
+			z.metrics.cacheHits.WithLabelValues("allowed").Inc()
+			return d.expires, nil
+		}
 		z.metrics.cacheHits.WithLabelValues("denied").Inc()
 		return time.Time{}, z.deny(u, a, d.reason)
 	}
@@ -169,6 +168,11 @@ func (z *Authorizer) Authorize(ctx context.Context, u *User, a Attributes) (time
 	// caller that leaves (it is bounded by ReviewTimeout), and which counts
 	// against the user's rate.
 	ch := z.flight.DoChan(hex.EncodeToString(key[:]), func() (any, error) {
+		// A review that ended between our look-up and this flight has
+		// filled a cache: look again.
+		if d, ok := z.cached(key); ok {
+			return d, nil
+		}
 		if !z.limit.allow(u.Name) {
 			z.metrics.throttled.Inc()
 			return decision{err: errorf(ErrThrottled, "too many new access checks by %s: at most %g SubjectAccessReviews per second (burst %d) for checks informerd has not cached; retry later",
@@ -198,6 +202,18 @@ func (z *Authorizer) Authorize(ctx context.Context, u *User, a Attributes) (time
 		return time.Time{}, z.deny(u, a, d.reason)
 	}
 	return d.expires, nil
+}
+
+// cached returns the unexpired decision the caches hold for key.
+func (z *Authorizer) cached(key accessKey) (decision, bool) {
+	now := z.opts.Now()
+	if exp, ok := z.allowed.Get(key); ok && now.Before(exp) {
+		return decision{allowed: true, expires: exp}, true
+	}
+	if d, ok := z.denied.Get(key); ok && now.Before(d.expires) {
+		return d, true
+	}
+	return decision{}, false
 }
 
 func (z *Authorizer) deny(u *User, a Attributes, reason string) error {
