@@ -223,11 +223,7 @@ type selectorInformer struct {
 
 func runSelectorInformer(ctx context.Context, t *testing.T, socket, ns, selector, name string) *selectorInformer {
 	t.Helper()
-	c, err := client.Dial(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := dialSocket(t, socket, reads(configMaps, ns))
 	lw := client.NewListerWatcher(c, client.WatchOptions{Resource: configMaps, Namespace: ns, LabelSelector: selector, ClientName: name})
 	si := &selectorInformer{inf: toolscache.NewSharedIndexInformer(lw, &unstructured.Unstructured{}, 0, toolscache.Indexers{}),
 		have: map[string]bool{}, changed: make(chan struct{})}

@@ -56,7 +56,8 @@ type daemonProc struct {
 	args    []string
 	cmd     *exec.Cmd
 	done    chan struct{}
-	// scraper is a token allowed to get /metrics, made on first use.
+	// scraper is a token allowed to get /metrics and the heap profile,
+	// made on first use.
 	scraper string
 }
 
@@ -120,23 +121,32 @@ func (d *daemonProc) signal(sig syscall.Signal) {
 	}
 }
 
-// metric reads one unlabeled sample from the daemon's /metrics, as a
-// caller allowed to.
-func (d *daemonProc) metric(name string) float64 {
+// scrape GETs path from the daemon's HTTP endpoint as a caller allowed to
+// get /metrics and /debug/pprof/heap; the caller closes the body.
+func (d *daemonProc) scrape(path string) *http.Response {
 	d.t.Helper()
 	if d.scraper == "" {
-		d.scraper = identity(d.t, permission{path: "/metrics"})
+		d.scraper = identity(d.t, permission{path: "/metrics"}, permission{path: "/debug/pprof/heap"})
 	}
-	req, _ := http.NewRequest(http.MethodGet, d.metrics+"/metrics", nil)
+	req, _ := http.NewRequest(http.MethodGet, d.metrics+path, nil)
 	req.Header.Set("Authorization", "Bearer "+d.scraper)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		d.t.Fatalf("GET /metrics: %s", resp.Status)
+		resp.Body.Close()
+		d.t.Fatalf("GET %s: %s", path, resp.Status)
 	}
+	return resp
+}
+
+// metric reads one unlabeled sample from the daemon's /metrics, as a
+// caller allowed to.
+func (d *daemonProc) metric(name string) float64 {
+	d.t.Helper()
+	resp := d.scrape("/metrics")
+	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {

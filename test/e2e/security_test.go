@@ -2,11 +2,21 @@ package e2e
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
+	"math/big"
+	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -670,4 +680,76 @@ func TestMetricsEndpointRequiresAuthorization(t *testing.T) {
 			t.Errorf("GET %s with token %.10q: %d, want %d", tt.path, tt.token, got, tt.want)
 		}
 	}
+}
+
+// TestTLSListener: over TCP the daemon speaks TLS with the certificate it
+// is given; a client that trusts the CA and checks the daemon's name gets
+// in with its token, one that talks in the clear or expects another name
+// does not.
+func TestTLSListener(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ns := createNamespace(ctx, t, "tls")
+	caFile, cert := testCertificate(t, "informerd")
+	d := startDaemon(t, cache.Options{}, func(s *security) {
+		s.TCP = "127.0.0.1:0"
+		s.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	})
+	token := client.WithToken(identity(t, reads(configMaps, ns)))
+	opts := client.WatchOptions{Resource: configMaps, Namespace: ns}
+	openStream(ctx, t, dialWith(t, d.tcp, client.WithTLS(caFile, "informerd"), token), opts, "").
+		until(ctx, t, "a TLS client", isType(informerdv1.EventType_EVENT_TYPE_SYNCED))
+	for name, c := range map[string]*client.Client{
+		"in the clear": dialWith(t, d.tcp, token),
+		"another name": dialWith(t, d.tcp, client.WithTLS(caFile, "impostor"), token),
+		"another CA":   dialWith(t, d.tcp, client.WithTLS(func() string { f, _ := testCertificate(t, "informerd"); return f }(), "informerd"), token),
+	} {
+		sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+		s, err := c.Stream(sctx, opts, "")
+		if err == nil {
+			_, err = s.Recv()
+			s.Close()
+		}
+		scancel()
+		if status.Code(err) != codes.Unavailable {
+			t.Errorf("a client %s: %v, want UNAVAILABLE (no connection)", name, err)
+		}
+	}
+}
+
+// testCertificate makes a CA and a certificate it signs for name and
+// 127.0.0.1; it returns the CA's PEM file and the certificate.
+func testCertificate(t *testing.T, name string) (string, tls.Certificate) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "informerd test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return caFile, tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
