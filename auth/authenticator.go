@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/expirable"
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/singleflight"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -56,18 +55,8 @@ type AuthenticatorOptions struct {
 	NegativeTTL time.Duration
 	// CacheSize bounds the tokens remembered. Default 4096.
 	CacheSize int
-	// ReviewTimeout bounds one TokenReview. Default 10s.
-	ReviewTimeout time.Duration
-	// ReviewsPerSecond and ReviewBurst limit the TokenReviews that tokens
-	// missing the cache cause, per source (a peer). Defaults 20 and 100.
-	ReviewsPerSecond float64
-	ReviewBurst      int
-	// Logger. Default slog.Default().
-	Logger *slog.Logger
-	// Registerer receives the metrics. Default: none are registered.
-	Registerer prometheus.Registerer
-	// Now is the clock. Default time.Now.
-	Now func() time.Time
+	// ReviewOptions bound the TokenReviews; their source is a peer.
+	ReviewOptions
 }
 
 // Authenticator verifies bearer tokens with TokenReview. It is safe for
@@ -105,21 +94,7 @@ func NewAuthenticator(opts AuthenticatorOptions) (*Authenticator, error) {
 	if opts.CacheSize <= 0 {
 		opts.CacheSize = 4096
 	}
-	if opts.ReviewTimeout <= 0 {
-		opts.ReviewTimeout = 10 * time.Second
-	}
-	if opts.ReviewsPerSecond <= 0 {
-		opts.ReviewsPerSecond = 20
-	}
-	if opts.ReviewBurst <= 0 {
-		opts.ReviewBurst = 100
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
+	opts.ReviewOptions.setDefaults()
 	m, err := newAuthnMetrics(opts.Registerer)
 	if err != nil {
 		return nil, err

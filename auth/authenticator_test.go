@@ -228,27 +228,10 @@ func TestAuthenticateSharesOneReviewAmongConcurrentCallers(t *testing.T) {
 	}
 	a := newTestAuthenticator(t, f, c, AuthenticatorOptions{})
 	token := bearer(jwt(map[string]any{}))
-	var started, done sync.WaitGroup
-	errs := make(chan error, 50)
-	for range 50 {
-		started.Add(1)
-		done.Add(1)
-		go func() {
-			defer done.Done()
-			started.Done()
-			_, _, err := a.Authenticate(context.Background(), token, "uid 1")
-			errs <- err
-		}()
-	}
-	started.Wait()
-	close(release)
-	done.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	concurrently(t, 50, release, func() error {
+		_, _, err := a.Authenticate(context.Background(), token, "uid 1")
+		return err
+	})
 	if got := f.calls.Load(); got != 1 {
 		t.Fatalf("50 concurrent callers with one token made %d TokenReviews, want 1", got)
 	}
@@ -257,7 +240,7 @@ func TestAuthenticateSharesOneReviewAmongConcurrentCallers(t *testing.T) {
 func TestAuthenticateLimitsNewTokensPerSource(t *testing.T) {
 	c := newClock()
 	f := &fakeTokenReviews{review: authenticated(nil)}
-	a := newTestAuthenticator(t, f, c, AuthenticatorOptions{ReviewsPerSecond: 0.001, ReviewBurst: 3})
+	a := newTestAuthenticator(t, f, c, AuthenticatorOptions{ReviewOptions: ReviewOptions{ReviewsPerSecond: 0.001, ReviewBurst: 3}})
 	ctx := context.Background()
 	token := func(i int) []string { return bearer(jwt(map[string]any{"jti": fmt.Sprint(i)})) }
 	for i := range 3 {

@@ -71,10 +71,18 @@ type AuthorizerOptions struct {
 	DenyTTL time.Duration
 	// CacheSize bounds each of the allow and deny caches. Default 16384.
 	CacheSize int
-	// ReviewTimeout bounds one SubjectAccessReview. Default 10s.
+	// ReviewOptions bound the SubjectAccessReviews; their source is the
+	// user.
+	ReviewOptions
+}
+
+// ReviewOptions bound the reviews an Authenticator or an Authorizer makes.
+// Zero values take the documented defaults.
+type ReviewOptions struct {
+	// ReviewTimeout bounds one review. Default 10s.
 	ReviewTimeout time.Duration
-	// ReviewsPerSecond and ReviewBurst limit the SubjectAccessReviews
-	// that checks missing the caches cause, per user. Defaults 20 and 100.
+	// ReviewsPerSecond and ReviewBurst limit the reviews that questions
+	// missing the caches cause, per source. Defaults 20 and 100.
 	ReviewsPerSecond float64
 	ReviewBurst      int
 	// Logger. Default slog.Default().
@@ -83,6 +91,24 @@ type AuthorizerOptions struct {
 	Registerer prometheus.Registerer
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+}
+
+func (o *ReviewOptions) setDefaults() {
+	if o.ReviewTimeout <= 0 {
+		o.ReviewTimeout = 10 * time.Second
+	}
+	if o.ReviewsPerSecond <= 0 {
+		o.ReviewsPerSecond = 20
+	}
+	if o.ReviewBurst <= 0 {
+		o.ReviewBurst = 100
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 }
 
 // Authorizer checks accesses as the caller with SubjectAccessReview. It
@@ -121,21 +147,7 @@ func NewAuthorizer(opts AuthorizerOptions) (*Authorizer, error) {
 	if opts.CacheSize <= 0 {
 		opts.CacheSize = 16384
 	}
-	if opts.ReviewTimeout <= 0 {
-		opts.ReviewTimeout = 10 * time.Second
-	}
-	if opts.ReviewsPerSecond <= 0 {
-		opts.ReviewsPerSecond = 20
-	}
-	if opts.ReviewBurst <= 0 {
-		opts.ReviewBurst = 100
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
+	opts.ReviewOptions.setDefaults()
 	m, err := newAuthzMetrics(opts.Registerer)
 	if err != nil {
 		return nil, err

@@ -154,27 +154,10 @@ func TestAuthorizeSharesOneReviewAmongConcurrentChecks(t *testing.T) {
 		return inNamespaceA(spec)
 	}}
 	z := newTestAuthorizer(t, f, newClock(), AuthorizerOptions{})
-	var started, done sync.WaitGroup
-	errs := make(chan error, 50)
-	for range 50 {
-		started.Add(1)
-		done.Add(1)
-		go func() {
-			defer done.Done()
-			started.Done()
-			_, err := z.Authorize(context.Background(), reader, Attributes{Verb: "list", Resource: configMaps, Namespace: "a"})
-			errs <- err
-		}()
-	}
-	started.Wait()
-	close(release)
-	done.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	concurrently(t, 50, release, func() error {
+		_, err := z.Authorize(context.Background(), reader, Attributes{Verb: "list", Resource: configMaps, Namespace: "a"})
+		return err
+	})
 	if got := f.calls.Load(); got != 1 {
 		t.Fatalf("50 concurrent identical checks made %d reviews, want 1", got)
 	}
@@ -182,7 +165,7 @@ func TestAuthorizeSharesOneReviewAmongConcurrentChecks(t *testing.T) {
 
 func TestAuthorizeLimitsNewChecksPerUser(t *testing.T) {
 	f := &fakeAccessReviews{decide: inNamespaceA}
-	z := newTestAuthorizer(t, f, newClock(), AuthorizerOptions{ReviewsPerSecond: 0.001, ReviewBurst: 2})
+	z := newTestAuthorizer(t, f, newClock(), AuthorizerOptions{ReviewOptions: ReviewOptions{ReviewsPerSecond: 0.001, ReviewBurst: 2}})
 	ctx := context.Background()
 	sel := func(s string) Attributes {
 		return Attributes{Verb: "list", Resource: configMaps, Namespace: "a", FieldSelector: "metadata.name=" + s}

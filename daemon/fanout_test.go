@@ -204,7 +204,7 @@ func serve(t testing.TB, api *fakeAPIServer, sec security, tune ...func(*serverC
 			Cache: mgr, Logger: slog.New(slog.DiscardHandler), InsecureLocalOnly: sec == authOff,
 			Limits: daemon.Limits{MaxConnections: 4096, MaxConnectionsPerPeer: 4096},
 		},
-		authn: auth.AuthenticatorOptions{ReviewsPerSecond: 1e6, ReviewBurst: 1e6},
+		authn: auth.AuthenticatorOptions{ReviewOptions: auth.ReviewOptions{ReviewsPerSecond: 1e6, ReviewBurst: 1e6}},
 	}
 	for _, f := range tune {
 		f(&cfg)

@@ -46,6 +46,25 @@ func (b *bystander) stillReceives(t *testing.T) {
 	b.sub.waitCount(t, b.sent)
 }
 
+// openStreams opens n streams of configmaps named name with c, each past
+// its first response.
+func openStreams(t *testing.T, c *client.Client, n int, name string) []*client.Stream {
+	t.Helper()
+	var ss []*client.Stream
+	for range n {
+		s, err := c.Stream(context.Background(), client.WatchOptions{Resource: configMaps, ClientName: name}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		if _, err := s.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		ss = append(ss, s)
+	}
+	return ss
+}
+
 // firstResponse opens a stream with c and returns what ends its first
 // Recv: nil once it delivered events.
 func firstResponse(c *client.Client, opts client.WatchOptions) error {
@@ -66,17 +85,7 @@ func TestStreamsPerCallerLimit(t *testing.T) {
 	srv := serve(t, api, authOn, func(c *serverConfig) { c.opts.Limits.MaxStreamsPerCaller = 3 })
 	by := newBystander(t, api, srv)
 	greedy := srv.dial(t, "greedy")
-	var held []*client.Stream
-	for range 3 {
-		s, err := greedy.Stream(context.Background(), client.WatchOptions{Resource: configMaps}, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Recv(); err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, s)
-	}
+	held := openStreams(t, greedy, 3, "greedy")
 	err := firstResponse(greedy, client.WatchOptions{Resource: configMaps})
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "max-streams-per-caller") {
 		t.Fatalf("a 4th stream: %v; want RESOURCE_EXHAUSTED naming max-streams-per-caller", err)
@@ -91,9 +100,6 @@ func TestStreamsPerCallerLimit(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal("the caller never got its slot back after closing a stream")
-	}
-	for _, s := range held[1:] {
-		s.Close()
 	}
 }
 
@@ -139,17 +145,7 @@ func TestStreamsPerConnectionLimit(t *testing.T) {
 	srv := serve(t, api, authOn, func(c *serverConfig) { c.opts.Limits.MaxStreamsPerConnection = 2 })
 	by := newBystander(t, api, srv)
 	c := srv.dial(t, "multiplexer")
-	var held []*client.Stream
-	for range 2 {
-		s, err := c.Stream(context.Background(), client.WatchOptions{Resource: configMaps, ClientName: "held"}, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Recv(); err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, s)
-	}
+	held := openStreams(t, c, 2, "held")
 	third := make(chan error, 1)
 	go func() { third <- firstResponse(c, client.WatchOptions{Resource: configMaps, ClientName: "third"}) }()
 	// The daemon has not started the third stream: it is not among the
@@ -177,7 +173,6 @@ func TestStreamsPerConnectionLimit(t *testing.T) {
 	if err := <-third; err != nil {
 		t.Fatalf("the third stream, once a stream closed: %v", err)
 	}
-	held[1].Close()
 }
 
 // rawConn opens a connection to addr (from the local address from, if

@@ -476,14 +476,14 @@ func reviewers(restCfg *rest.Config, c *config, log *slog.Logger, reg prometheus
 	authn, err := auth.NewAuthenticator(auth.AuthenticatorOptions{
 		Reviews: kube.AuthenticationV1().TokenReviews(), Audience: c.tokenAudience, NodeName: c.nodeName,
 		CacheTTL: c.tokenCacheTTL, NegativeTTL: c.tokenRejectTTL,
-		ReviewsPerSecond: c.tokenReviewRate, ReviewBurst: c.tokenReviewBurst, Logger: log, Registerer: reg,
+		ReviewOptions: auth.ReviewOptions{ReviewsPerSecond: c.tokenReviewRate, ReviewBurst: c.tokenReviewBurst, Logger: log, Registerer: reg},
 	})
 	if err != nil {
 		return nil, nil, err
 	}
 	authz, err := auth.NewAuthorizer(auth.AuthorizerOptions{
 		Reviews: kube.AuthorizationV1().SubjectAccessReviews(), AllowTTL: c.allowTTL, DenyTTL: c.denyTTL,
-		ReviewsPerSecond: c.accessReviewRate, ReviewBurst: c.accessReviewBurst, Logger: log, Registerer: reg,
+		ReviewOptions: auth.ReviewOptions{ReviewsPerSecond: c.accessReviewRate, ReviewBurst: c.accessReviewBurst, Logger: log, Registerer: reg},
 	})
 	return authn, authz, err
 }
