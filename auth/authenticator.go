@@ -132,16 +132,16 @@ func (a *Authenticator) Authenticate(ctx context.Context, authorization []string
 
 // AuthenticateToken is Authenticate for a token already extracted.
 func (a *Authenticator) AuthenticateToken(ctx context.Context, token, source string) (*User, time.Time, error) {
+	key := keyOf(token)
+	if e, ok := a.cache.Get(key); ok && a.opts.Now().Before(e.expires) {
+		a.metrics.cacheHits.Inc()
+		return e.user, e.expires, e.err
+	}
 	c, err := parseClaims(token)
 	if err != nil {
 		// Only JWTs can carry an audience other than the API server's:
 		// nothing else could pass the review, so nothing else costs one.
 		return nil, time.Time{}, errorf(ErrUnauthenticated, "malformed token: %v", err)
-	}
-	key := keyOf(token)
-	if e, ok := a.cache.Get(key); ok && a.opts.Now().Before(e.expires) {
-		a.metrics.cacheHits.Inc()
-		return e.user, e.expires, e.err
 	}
 	// Concurrent callers with one token share one review, which outlives a
 	// caller that leaves (it is bounded by ReviewTimeout), and which counts
