@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -16,7 +18,7 @@ import (
 	"github.com/informerd/informerd/test/controlplane"
 )
 
-// TestDeployManifestsAreValid: deploy/, its tls/ overlay and the example
+// TestDeployManifestsAreValid: deploy/, with its TLS component and the example
 // client apply cleanly (server-side dry run) to the real API server, so
 // their schema and RBAC are accepted; and they carry the security the
 // daemon relies on: the node's name, the review permissions, tokens with
@@ -47,9 +49,18 @@ func TestDeployManifestsAreValid(t *testing.T) {
 		}
 		return string(out)
 	}
+	// The TLS component goes into an overlay of the user's, outside deploy/.
+	overlay := t.TempDir()
+	rel, err := filepath.Rel(overlay, deploy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kustomization := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s]\n", rel, filepath.Join(rel, "components", "tls"))
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	rendered := map[string]string{}
-	for _, dir := range []string{".", "tls", "examples/client"} {
-		path := filepath.Join(deploy, dir)
+	for dir, path := range map[string]string{".": deploy, "components/tls": overlay, "examples/client": filepath.Join(deploy, "examples", "client")} {
 		t.Logf("%s", kubectl("apply", "--dry-run=server", "-k", path))
 		rendered[dir] = kubectl("kustomize", path)
 	}
@@ -60,8 +71,8 @@ func TestDeployManifestsAreValid(t *testing.T) {
 		{".", "fieldPath: spec.nodeName"},
 		{".", "tokenreviews"},
 		{".", "subjectaccessreviews"},
-		{"tls", "-tls-cert-file="},
-		{"tls", "hostPort: 7650"},
+		{"components/tls", "-tls-cert-file="},
+		{"components/tls", "hostPort: 7650"},
 		{"examples/client", "audience: informerd"},
 		{"examples/client", "-token-file=/var/run/secrets/informerd/token"},
 		{"examples/client", "path: /var/run/informerd"},
