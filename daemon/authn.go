@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -24,9 +23,8 @@ type caller struct {
 	// user is nil in InsecureLocalOnly mode.
 	user *auth.User
 	// token is the caller's bearer token, checked again when a stream's
-	// decisions expire; until is when its authentication expires.
+	// decisions expire.
 	token string
-	until time.Time
 	peer  auth.Peer
 }
 
@@ -38,7 +36,7 @@ func callerOf(ctx context.Context) *caller {
 	return c
 }
 
-// unauthenticatedMethods need no token: kubelet's gRPC probes call them.
+// healthService needs no token: kubelet's gRPC probes call it.
 const healthService = "/grpc.health.v1.Health/"
 
 // unaryAuth authenticates the caller of a unary RPC.
@@ -93,12 +91,12 @@ func (s *Server) authenticate(ctx context.Context) (context.Context, error) {
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	values := md.Get("authorization")
-	user, until, err := s.opts.Authenticator.Authenticate(ctx, values, p.Key())
+	user, _, err := s.opts.Authenticator.Authenticate(ctx, values, p.Key())
 	if err != nil {
 		return nil, s.reject(err)
 	}
 	token, _ := auth.ParseBearer(values) // Authenticate accepted it
-	return context.WithValue(ctx, callerKey{}, &caller{name: user.Name, user: user, token: token, until: until, peer: p}), nil
+	return context.WithValue(ctx, callerKey{}, &caller{name: user.Name, user: user, token: token, peer: p}), nil
 }
 
 // reject maps err for a request refused before its handler ran, and

@@ -36,9 +36,11 @@ const recheckRetry = 10 * time.Second
 // denies one of them; or UNAUTHENTICATED / PERMISSION_DENIED.
 //
 // A sensitive resource is refused unless the operator opted in to it. The
-// re-check runs when the earliest decision (or the caller's
-// authentication) expires; a caller whose token has expired or been
-// invalidated by then is ended with UNAUTHENTICATED.
+// re-check runs when the earliest decision expires (the allow TTL): the
+// caller's token is reviewed again then too, and a caller whose token has
+// expired or been invalidated by then is ended with UNAUTHENTICATED. So a
+// stream costs one TokenReview and its SubjectAccessReviews per allow TTL
+// at most, shared with every stream of the same token and accesses.
 func (s *Server) authorize(ctx context.Context, accesses ...access) (context.Context, error) {
 	c := callerOf(ctx)
 	if c == nil {
@@ -52,7 +54,7 @@ func (s *Server) authorize(ctx context.Context, accesses ...access) (context.Con
 	if c.user == nil { // InsecureLocalOnly: the daemon's own permissions
 		return ctx, nil
 	}
-	until, err := s.authorizeUser(ctx, c.user, c.until, accesses)
+	until, err := s.authorizeUser(ctx, c.user, accesses)
 	if err != nil {
 		return ctx, toStatus(err)
 	}
@@ -62,8 +64,9 @@ func (s *Server) authorize(ctx context.Context, accesses ...access) (context.Con
 }
 
 // authorizeUser checks every verb of every access for u and returns the
-// earliest expiry among the decisions and until.
-func (s *Server) authorizeUser(ctx context.Context, u *auth.User, until time.Time, accesses []access) (time.Time, error) {
+// earliest expiry among the decisions.
+func (s *Server) authorizeUser(ctx context.Context, u *auth.User, accesses []access) (time.Time, error) {
+	var until time.Time
 	for _, a := range accesses {
 		for _, verb := range streamVerbs {
 			exp, err := s.opts.Authorizer.Authorize(ctx, u, auth.Attributes{
@@ -73,7 +76,7 @@ func (s *Server) authorizeUser(ctx context.Context, u *auth.User, until time.Tim
 			if err != nil {
 				return time.Time{}, err
 			}
-			if exp.Before(until) {
+			if until.IsZero() || exp.Before(until) {
 				until = exp
 			}
 		}
@@ -100,10 +103,10 @@ func (s *Server) recheck(ctx context.Context, cancel context.CancelCauseFunc, c 
 		}
 	}
 	check = func() {
-		user, authnUntil, err := s.opts.Authenticator.AuthenticateToken(ctx, c.token, c.peer.Key())
+		user, _, err := s.opts.Authenticator.AuthenticateToken(ctx, c.token, c.peer.Key())
 		var next time.Time
 		if err == nil {
-			next, err = s.authorizeUser(ctx, user, authnUntil, accesses)
+			next, err = s.authorizeUser(ctx, user, accesses)
 		}
 		switch {
 		case ctx.Err() != nil:
