@@ -202,7 +202,8 @@ func serve(t testing.TB, api *fakeAPIServer, sec security, tune ...func(*serverC
 	cfg := serverConfig{
 		opts: daemon.Options{
 			Cache: mgr, Logger: slog.New(slog.DiscardHandler), InsecureLocalOnly: sec == authOff,
-			Limits: daemon.Limits{MaxConnections: 4096, MaxConnectionsPerPeer: 4096},
+			// Without authentication every subscriber is one caller (its uid).
+			Limits: daemon.Limits{MaxConnections: 4096, MaxConnectionsPerPeer: 4096, MaxStreamsPerCaller: 4096},
 		},
 		authn: auth.AuthenticatorOptions{ReviewOptions: auth.ReviewOptions{ReviewsPerSecond: 1e6, ReviewBurst: 1e6}},
 	}
