@@ -622,3 +622,31 @@ func BenchmarkSubscribe(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSubscriberHeap measures the heap one more subscriber costs, on
+// its own connection with one stream (both ends: the daemon and a raw
+// reader in this process), with authentication and authorization on
+// (its token, decisions and re-check kept) and off. Run it with a fixed
+// count: -benchtime 200x.
+func BenchmarkSubscriberHeap(b *testing.B) {
+	for _, sec := range []security{authOn, authOff} {
+		b.Run("auth="+sec.String(), func(b *testing.B) {
+			api := newFakeAPIServer(b)
+			srv := serve(b, api, sec)
+			subscribeWith(b, srv, "warm", true).waitSynced(b)
+			heap := func() uint64 {
+				var m runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&m)
+				return m.HeapAlloc
+			}
+			before := heap()
+			b.ResetTimer()
+			for i := range b.N {
+				subscribeWith(b, srv, fmt.Sprintf("client-%d", i), true).waitSynced(b)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(int64(heap())-int64(before))/float64(b.N), "heap-B/subscriber")
+		})
+	}
+}
