@@ -55,7 +55,7 @@ chaos: controlplane ## A long seeded chaos run (faults + mutations; CHAOS_DURATI
 
 # FUZZTIME is how long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := ./cache:FuzzDecodeObject ./cache:FuzzDecodeProtoObject ./cache:FuzzWatchStream ./daemon:FuzzValidateWatch ./daemon:FuzzValidateWatchAddress ./daemon:FuzzValidateWatchStatus ./client:FuzzWatcherApply
+FUZZ_TARGETS := ./auth:FuzzBearerToken ./cache:FuzzDecodeObject ./cache:FuzzDecodeProtoObject ./cache:FuzzWatchStream ./daemon:FuzzValidateWatch ./daemon:FuzzValidateWatchAddress ./daemon:FuzzValidateWatchStatus ./client:FuzzWatcherApply
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s).

@@ -325,6 +325,19 @@ func (m *Manager) Resolve(ctx context.Context, req Request) (Key, error) {
 	return key, err
 }
 
+// ResolveResource returns the resource that req names (by resource, or by kind
+// through discovery, waiting for it as Subscribe would if
+// req.WaitForResource) and whether it is namespaced, without subscribing:
+// what a caller must be authorized for before Subscribe starts anything.
+// Errors are those of Subscribe's discovery.
+func (m *Manager) ResolveResource(ctx context.Context, req Request) (schema.GroupVersionResource, bool, error) {
+	mapping, err := m.lookup(ctx, req)
+	if err != nil {
+		return schema.GroupVersionResource{}, false, err
+	}
+	return mapping.Resource, mapping.Scope.Name() == meta.RESTScopeNameNamespace, nil
+}
+
 // resolve maps a request to the Key that serves it.
 func (m *Manager) resolve(ctx context.Context, req Request) (Key, schema.GroupVersionKind, error) {
 	mapping, err := m.lookup(ctx, req)

@@ -61,7 +61,7 @@ func NewAddressWatcher(c *Client, opts AddressOptions, h func(*informerdv1.Watch
 // error that retrying cannot fix (for example INVALID_ARGUMENT for a bad
 // address), returned as the gRPC status error.
 func (w *AddressWatcher) Run(ctx context.Context) error {
-	return w.c.retry(ctx, w.o.Backoff, w.o.OnError, w.runOnce)
+	return w.c.retry(ctx, w.o.Backoff, w.o.OnError, w.runOnce, retryable)
 }
 
 // runOnce runs one stream; progressed reports whether it received answers.

@@ -1,4 +1,5 @@
-// Package client is informerd's client library: Dial a node's daemon, then
+// Package client is informerd's client library: Dial a node's daemon (with
+// the caller's projected ServiceAccount token, see DefaultTokenFile), then
 // run a Watcher (automatic reconnect and resume, a local store), or adopt it
 // in one line through the client-go adapters: NewListerWatcher for
 // informers, NewDynamicClient for dynamicinformer and cli-utils.
@@ -45,17 +46,42 @@ var reconnect = grpc.ConnectParams{
 }
 
 // Dial connects to the daemon at target: a Unix socket path ("/run/x.sock"
-// or "unix:///run/x.sock") or a loopback "host:port". The connection is
-// made lazily and re-made as needed, within about a second of the daemon
-// being back; opts are appended to the defaults.
+// or "unix:///run/x.sock") or a "host:port". The connection is made lazily
+// and re-made as needed, within about a second of the daemon being back;
+// opts are appended to the defaults.
+//
+// Every call carries the caller's token: from WithTokenFile or WithToken,
+// else from DefaultTokenFile when it exists. A host that is not loopback
+// is reached only WithTLS, so that the token never crosses the network in
+// the clear.
 func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 	if strings.HasPrefix(target, "/") {
 		target = "unix://" + target
 	}
+	var hasToken, hasTLS bool
+	for _, o := range opts {
+		switch o := o.(type) {
+		case tokenOption:
+			hasToken = true
+		case tlsOption:
+			if o.err != nil {
+				return nil, fmt.Errorf("informerd client: %w", o.err)
+			}
+			hasTLS = true
+		}
+	}
+	if !hasTLS && !local(target) {
+		return nil, fmt.Errorf("informerd client: %s is neither a Unix socket nor loopback: dial it WithTLS, the token is not sent in the clear", target)
+	}
 	defaults := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()), // local socket or loopback only
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(informerdv1.MaxMessageBytes)),
 		grpc.WithConnectParams(reconnect),
+	}
+	if !hasTLS {
+		defaults = append(defaults, grpc.WithTransportCredentials(insecure.NewCredentials())) // Unix socket or loopback
+	}
+	if !hasToken {
+		defaults = append(defaults, grpc.WithPerRPCCredentials(&tokenFile{path: DefaultTokenFile, optional: true}))
 	}
 	conn, err := grpc.NewClient(target, append(defaults, opts...)...)
 	if err != nil {
@@ -93,6 +119,22 @@ func (c *Client) explain(err error) error {
 		return fmt.Errorf("nothing serves on informerd's socket %s: the daemon is restarting or down (%w)", c.socket, err)
 	}
 	return err
+}
+
+// local reports whether target is a Unix socket or a loopback address.
+func local(target string) bool {
+	if strings.HasPrefix(target, "unix:") {
+		return true
+	}
+	host := strings.TrimPrefix(target, "dns:///")
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Close closes the connection; watches on it end.

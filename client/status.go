@@ -69,7 +69,7 @@ func (w *statusWatcher) Watch(ctx context.Context, ids object.ObjMetadataSet, o 
 	r := &statusRun{c: w.c, req: req, out: out, last: map[object.ObjMetadata]*event.ResourceStatus{}}
 	go func() {
 		defer close(out)
-		if err := w.c.retry(ctx, w.opts.Backoff, w.opts.OnError, r.once); err != nil {
+		if err := w.c.retry(ctx, w.opts.Backoff, w.opts.OnError, r.once, retryableUnlessDenied); err != nil {
 			r.send(ctx, event.Event{Type: event.ErrorEvent, Error: statusError(err)})
 		}
 	}()

@@ -141,25 +141,51 @@ func terminal(err error) bool {
 	return false
 }
 
+// retryable reports whether the Watcher tries again after err ended a
+// stream (progressed: after it delivered events). PERMISSION_DENIED is
+// retried, as client-go's reflector retries Forbidden: RBAC changes, and
+// an API server that restarts denies for a moment. UNAUTHENTICATED is
+// retried after a stream that worked: its token expired, and the next
+// stream reads the rotated one.
+func retryable(err error, progressed bool) bool {
+	switch status.Code(err) {
+	case codes.PermissionDenied:
+		return true
+	case codes.Unauthenticated:
+		return progressed
+	}
+	return !terminal(err)
+}
+
+// retryableUnlessDenied is retryable, except that PERMISSION_DENIED is
+// terminal, as it is for cli-utils' StatusWatcher.
+func retryableUnlessDenied(err error, progressed bool) bool {
+	return status.Code(err) != codes.PermissionDenied && retryable(err, progressed)
+}
+
 // Run watches until ctx ends (returning nil) or the watch fails in a way
 // that retrying cannot fix: a gRPC status error from the daemon, a
-// DecodeError, or ErrSocketPermission.
+// DecodeError, or ErrSocketPermission (see retryable for
+// PERMISSION_DENIED and UNAUTHENTICATED). OnError sees every error it
+// retries after.
 func (w *Watcher) Run(ctx context.Context) error {
-	return w.c.retry(ctx, w.o.Backoff, w.o.OnError, w.runOnce)
+	return w.c.retry(ctx, w.o.Backoff, w.o.OnError, w.runOnce, retryable)
 }
 
 // retry runs once until ctx ends (returning nil) or once fails in a way
-// that retrying cannot fix (returning the error). It hands other errors to
+// that retryable says retrying cannot fix (returning the error, explained).
+// It hands other errors to
 // onError, if set, and waits with jittered exponential backoff between
 // attempts, starting over after one that made progress.
-func (c *Client) retry(ctx context.Context, b Backoff, onError func(error), once func(context.Context) (progressed bool, err error)) error {
+func (c *Client) retry(ctx context.Context, b Backoff, onError func(error), once func(context.Context) (progressed bool, err error),
+	retryable func(err error, progressed bool) bool) error {
 	bo := backoff.Backoff{Initial: b.Initial, Max: b.Max}
 	for ctx.Err() == nil {
 		progressed, err := once(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err = c.explain(err); terminal(err) {
+		if err = c.explain(err); !retryable(err, progressed) {
 			return err
 		}
 		if onError != nil {

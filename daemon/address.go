@@ -38,7 +38,7 @@ func newAddresses(opts Options) (*address.Tracker, []access, error) {
 func (s *Server) WatchAddress(req *informerdv1.WatchAddressRequest, stream informerdv1.InformerService_WatchAddressServer) error {
 	areq, holder, err := validateWatchAddress(req)
 	if err != nil {
-		return s.badRequest(err)
+		return s.reject(err)
 	}
 	ctx, cancel := s.requestContext(stream.Context())
 	defer cancel()

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/cache"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 	statusengine "github.com/informerd/informerd/status"
@@ -18,6 +19,12 @@ var (
 	errShuttingDown = errors.New("informerd is shutting down: reconnect to its replacement")
 	// errWriteTimeout ends a stream whose client stopped reading.
 	errWriteTimeout = errors.New("the client read nothing for the stream write timeout: the stream was ended; reconnect and resume from the last resource_version received")
+	// errLimit: a request exceeds one of the daemon's limits; the wrapping
+	// error names it.
+	errLimit = errors.New("limit exceeded")
+	// errSensitive: the resource is sensitive and the operator has not
+	// opted in to serving it.
+	errSensitive = errors.New("sensitive resource")
 )
 
 // toStatus maps an error to the gRPC status a client sees. It is the only
@@ -28,16 +35,21 @@ func toStatus(err error) error {
 	}
 	code := codes.Internal
 	switch {
+	case errors.Is(err, auth.ErrUnauthenticated):
+		code = codes.Unauthenticated
+	case errors.Is(err, auth.ErrDenied), errors.Is(err, errSensitive):
+		code = codes.PermissionDenied
 	case errors.Is(err, cache.ErrUnknownResource), errors.Is(err, cache.ErrResourceRemoved), errors.Is(err, cache.ErrObjectNotFound):
 		code = codes.NotFound
 	case errors.Is(err, cache.ErrRejected):
 		code = codes.InvalidArgument
-	case errors.Is(err, cache.ErrLimit):
+	case errors.Is(err, cache.ErrLimit), errors.Is(err, errLimit), errors.Is(err, auth.ErrThrottled):
 		code = codes.ResourceExhausted
 	case errors.Is(err, statusengine.ErrForbidden):
 		code = codes.PermissionDenied
 	case errors.Is(err, cache.ErrNotSynced), errors.Is(err, cache.ErrStopped), errors.Is(err, cache.ErrTooNew),
-		errors.Is(err, errShuttingDown), errors.Is(err, errWriteTimeout), errors.Is(err, statusengine.ErrStopped):
+		errors.Is(err, errShuttingDown), errors.Is(err, errWriteTimeout), errors.Is(err, statusengine.ErrStopped),
+		errors.Is(err, auth.ErrUnavailable):
 		code = codes.Unavailable
 	case errors.Is(err, context.Canceled):
 		code = codes.Canceled

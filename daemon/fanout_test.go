@@ -2,6 +2,8 @@ package daemon_test
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +12,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,10 +25,14 @@ import (
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/cache"
 	"github.com/informerd/informerd/client"
 	"github.com/informerd/informerd/daemon"
@@ -40,12 +47,18 @@ func TestMain(m *testing.M) {
 
 // fakeAPIServer serves just enough of the Kubernetes API for one resource
 // (configmaps) to drive a real cache.Manager: discovery, an empty LIST, and
-// a watch that writes whatever the benchmark feeds it. It stands in for the
-// API server only where the API server is not what is measured.
+// a watch that writes whatever the benchmark feeds it; and TokenReviews
+// (any token is the ServiceAccount bench/<its "sub" claim>) and
+// SubjectAccessReviews (everything is allowed) for the daemon's
+// authentication. It stands in for the API server only where the API
+// server is not what is measured.
 type fakeAPIServer struct {
 	*httptest.Server
-	feed           chan []byte // watch event lines
-	lists, watches atomic.Int32
+	feed                  chan []byte // watch event lines
+	lists, watches        atomic.Int32
+	tokenReviews, reviews atomic.Int32
+	// deny and fail make SubjectAccessReviews deny, or fail with 500.
+	deny, fail atomic.Bool
 }
 
 func newFakeAPIServer(t testing.TB) *fakeAPIServer {
@@ -60,7 +73,8 @@ func newFakeAPIServer(t testing.TB) *fakeAPIServer {
 	mux.HandleFunc("/api", reply(`{"kind":"APIVersions","versions":["v1"]}`))
 	mux.HandleFunc("/apis", reply(`{"kind":"APIGroupList","apiVersion":"v1","groups":[]}`))
 	mux.HandleFunc("/api/v1", reply(`{"kind":"APIResourceList","groupVersion":"v1","resources":[`+
-		`{"name":"configmaps","singularName":"configmap","namespaced":true,"kind":"ConfigMap","verbs":["list","watch"]}]}`))
+		`{"name":"configmaps","singularName":"configmap","namespaced":true,"kind":"ConfigMap","verbs":["list","watch"]},`+
+		`{"name":"secrets","singularName":"secret","namespaced":true,"kind":"Secret","verbs":["list","watch"]}]}`))
 	mux.HandleFunc("/api/v1/configmaps", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		if r.URL.Query().Get("watch") != "true" {
@@ -85,9 +99,56 @@ func newFakeAPIServer(t testing.TB) *fakeAPIServer {
 			}
 		}
 	})
+	mux.HandleFunc("POST /apis/authentication.k8s.io/v1/tokenreviews", func(w http.ResponseWriter, r *http.Request) {
+		f.tokenReviews.Add(1)
+		var tr authenticationv1.TokenReview
+		if err := json.NewDecoder(r.Body).Decode(&tr); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		var claims struct {
+			Sub string `json:"sub"`
+		}
+		part := strings.Split(tr.Spec.Token, ".")[1]
+		b, _ := base64.RawURLEncoding.DecodeString(part)
+		_ = json.Unmarshal(b, &claims)
+		tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: tr.Spec.Audiences,
+			User: authenticationv1.UserInfo{Username: "system:serviceaccount:bench:" + claims.Sub, Groups: []string{"system:serviceaccounts"}}}
+		writeJSON(w, &tr)
+	})
+	mux.HandleFunc("POST /apis/authorization.k8s.io/v1/subjectaccessreviews", func(w http.ResponseWriter, r *http.Request) {
+		f.reviews.Add(1)
+		if f.fail.Load() {
+			http.Error(w, "etcd is on fire", http.StatusInternalServerError)
+			return
+		}
+		var sar authorizationv1.SubjectAccessReview
+		if err := json.NewDecoder(r.Body).Decode(&sar); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		sar.Status = authorizationv1.SubjectAccessReviewStatus{Allowed: !f.deny.Load()}
+		writeJSON(w, &sar)
+	})
 	f.Server = httptest.NewServer(mux)
 	t.Cleanup(f.Close)
 	return f
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// token returns a token the fake API server authenticates as
+// system:serviceaccount:bench:<name>, with informerd's audience.
+func token(name string) string {
+	part := func(v any) string {
+		b, _ := json.Marshal(v)
+		return base64.RawURLEncoding.EncodeToString(b)
+	}
+	return part(map[string]string{"alg": "RS256"}) + "." +
+		part(map[string]any{"sub": name, "aud": "informerd", "exp": time.Now().Add(time.Hour).Unix()}) + ".c2ln"
 }
 
 // event returns a watch line for ConfigMap i at resourceVersion rv with
@@ -98,19 +159,39 @@ func event(i, rv, size int) []byte {
 		i, i, rv, strings.Repeat("x", size)))
 }
 
-// serve starts a daemon over the fake API server on a Unix socket.
-func serve(t testing.TB, api *fakeAPIServer) string {
-	socket, _ := serveManager(t, api)
-	return socket
+// security is how a test daemon treats its callers.
+type security int
+
+const (
+	// authOn authenticates every caller with a TokenReview and authorizes
+	// every stream with SubjectAccessReviews, as informerd does by default.
+	authOn security = iota
+	// authOff is -insecure-local-only: no token, no reviews.
+	authOff
+)
+
+func (s security) String() string { return map[security]string{authOn: "on", authOff: "off"}[s] }
+
+// testServer is a daemon over the fake API server on a Unix socket.
+type testServer struct {
+	socket string
+	tcp    string // its loopback TCP address, if serverConfig.tcp
+	mgr    *cache.Manager
+	sec    security
 }
 
-func serveManager(t testing.TB, api *fakeAPIServer) (string, *cache.Manager) {
-	return serveWith(t, api, daemon.Options{})
+// serverConfig is what a test may tune of a daemon.
+type serverConfig struct {
+	opts  daemon.Options
+	authn auth.AuthenticatorOptions
+	authz auth.AuthorizerOptions
+	tcp   bool // serve on a loopback TCP port as well
 }
 
-// serveWith is serveManager with the daemon's options (Cache and Logger
-// are set here).
-func serveWith(t testing.TB, api *fakeAPIServer, opts daemon.Options) (string, *cache.Manager) {
+// serve starts a daemon with sec over the fake API server, with limits
+// that admit a benchmark's thousand subscribers from one uid, unless tune
+// changes them.
+func serve(t testing.TB, api *fakeAPIServer, sec security, tune ...func(*serverConfig)) *testServer {
 	mgr, err := cache.NewManager(cache.Options{
 		Config: &rest.Config{Host: api.URL, QPS: -1}, Scope: cache.ScopeCluster, DisableWatchList: true,
 		Logger: slog.New(slog.DiscardHandler),
@@ -118,69 +199,132 @@ func serveWith(t testing.TB, api *fakeAPIServer, opts daemon.Options) (string, *
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.Cache, opts.Logger = mgr, slog.New(slog.DiscardHandler)
+	cfg := serverConfig{
+		opts: daemon.Options{
+			Cache: mgr, Logger: slog.New(slog.DiscardHandler), InsecureLocalOnly: sec == authOff,
+			// Without authentication every subscriber is one caller (its uid).
+			Limits: daemon.Limits{MaxConnections: 4096, MaxConnectionsPerPeer: 4096, MaxStreamsPerCaller: 4096},
+		},
+		authn: auth.AuthenticatorOptions{ReviewOptions: auth.ReviewOptions{ReviewsPerSecond: 1e6, ReviewBurst: 1e6}},
+	}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	opts := cfg.opts
+	if sec == authOn {
+		// JSON: the fake API server speaks no protobuf.
+		kube := kubernetes.NewForConfigOrDie(&rest.Config{Host: api.URL, QPS: -1, ContentConfig: rest.ContentConfig{ContentType: "application/json"}})
+		cfg.authn.Reviews, cfg.authn.Logger = kube.AuthenticationV1().TokenReviews(), opts.Logger
+		cfg.authz.Reviews, cfg.authz.Logger = kube.AuthorizationV1().SubjectAccessReviews(), opts.Logger
+		if opts.Authenticator, err = auth.NewAuthenticator(cfg.authn); err != nil {
+			t.Fatal(err)
+		}
+		if opts.Authorizer, err = auth.NewAuthorizer(cfg.authz); err != nil {
+			t.Fatal(err)
+		}
+	}
 	srv, err := daemon.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer(daemon.ServerOptions()...)
+	gs := grpc.NewServer(srv.ServerOptions()...)
 	informerdv1.RegisterInformerServiceServer(gs, srv)
-	socket := filepath.Join(t.TempDir(), "d.sock")
-	l, err := net.Listen("unix", socket)
+	ts := &testServer{socket: filepath.Join(t.TempDir(), "d.sock"), mgr: mgr, sec: sec}
+	l, err := net.Listen("unix", ts.socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = gs.Serve(l) }()
+	ls := []net.Listener{l}
+	if cfg.tcp {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts.tcp = l.Addr().String()
+		ls = append(ls, l)
+	}
+	var served sync.WaitGroup
+	for _, l := range ls {
+		served.Add(1)
+		go func() { defer served.Done(); _ = gs.Serve(srv.Listen(l)) }()
+	}
 	t.Cleanup(func() {
 		stopped := make(chan struct{})
 		go func() { gs.GracefulStop(); close(stopped) }()
 		srv.Shutdown()
 		<-stopped
-		<-done
+		served.Wait()
 		mgr.Close()
 	})
-	return socket, mgr
+	return ts
+}
+
+// credentials returns the dial options of the client named name: its own
+// token on a secure daemon.
+func (s *testServer) credentials(name string) []grpc.DialOption {
+	if s.sec == authOff {
+		return nil
+	}
+	return []grpc.DialOption{client.WithToken(token(name))}
+}
+
+// dial connects as the client named name.
+func (s *testServer) dial(t testing.TB, name string) *client.Client {
+	c, err := client.Dial(s.socket, s.credentials(name)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // subscriber counts the object events it receives on its own connection.
 type subscriber struct {
 	s      *client.Stream
 	synced chan struct{}
-	got    chan int // receives the running count after each batch
+	got    chan int      // receives the running count after each batch
+	ended  chan struct{} // closed when the stream ends, after err is set
+	err    error
 }
 
-func subscribe(t testing.TB, socket string) *subscriber {
-	return subscribeWith(t, socket, false)
+// waitSynced waits for the subscriber's SYNCED, failing if its stream ends
+// first.
+func (s *subscriber) waitSynced(t testing.TB) {
+	select {
+	case <-s.synced:
+	case <-s.ended:
+		t.Fatalf("stream ended before SYNCED: %v", s.err)
+	}
+}
+
+func subscribe(t testing.TB, srv *testServer, name string) *subscriber {
+	return subscribeWith(t, srv, name, false)
 }
 
 // subscribeWith subscribes with the client library, or, if raw, with a
 // reader that only counts the events in each WatchResponse without
 // decoding it, so that what is measured is the daemon's side.
-func subscribeWith(t testing.TB, socket string, raw bool) *subscriber {
+func subscribeWith(t testing.TB, srv *testServer, name string, raw bool) *subscriber {
 	if raw {
-		return subscribeRaw(t, socket)
+		return subscribeRaw(t, srv, name)
 	}
-	c, err := client.Dial(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	s, err := c.Stream(context.Background(), client.WatchOptions{
+	s, err := srv.dial(t, name).Stream(context.Background(), client.WatchOptions{
 		Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, ClientName: "bench",
 	}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub := &subscriber{s: s, synced: make(chan struct{}), got: make(chan int, 1)}
+	sub := &subscriber{s: s, synced: make(chan struct{}), got: make(chan int, 1), ended: make(chan struct{})}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // ends when the stream is closed
 		defer wg.Done()
+		defer close(sub.ended)
 		n := 0
 		for {
 			evs, err := s.Recv()
 			if err != nil {
+				sub.err = err
 				return
 			}
 			for _, ev := range evs {
@@ -202,8 +346,8 @@ func subscribeWith(t testing.TB, socket string, raw bool) *subscriber {
 	return sub
 }
 
-func subscribeRaw(t testing.TB, socket string) *subscriber {
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func subscribeRaw(t testing.TB, srv *testServer, name string) *subscriber {
+	conn, err := grpc.NewClient("unix://"+srv.socket, append(srv.credentials(name), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,15 +365,17 @@ func subscribeRaw(t testing.TB, socket string) *subscriber {
 		cancel()
 		t.Fatal(err)
 	}
-	sub := &subscriber{synced: make(chan struct{}), got: make(chan int, 1)}
+	sub := &subscriber{synced: make(chan struct{}), got: make(chan int, 1), ended: make(chan struct{})}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // ends when the stream is cancelled
 		defer wg.Done()
+		defer close(sub.ended)
 		n, synced := 0, false
 		for {
 			var c eventCount
 			if err := s.RecvMsg(&c); err != nil {
+				sub.err = err
 				return
 			}
 			n += c.objects
@@ -294,6 +440,8 @@ func (s *subscriber) waitCount(t testing.TB, n int) {
 			if got >= n {
 				return
 			}
+		case <-s.ended:
+			t.Fatalf("stream ended before %d events: %v", n, s.err)
 		case <-timeout:
 			t.Fatalf("subscriber stuck before %d events", n)
 		}
@@ -305,12 +453,8 @@ func (s *subscriber) waitCount(t testing.TB, n int) {
 // count returns to zero.
 func TestConcurrentSubscribersShareOneUpstream(t *testing.T) {
 	api := newFakeAPIServer(t)
-	socket, mgr := serveManager(t, api)
-	c, err := client.Dial(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	srv := serve(t, api, authOn)
+	c := srv.dial(t, "churn")
 	opts := client.WatchOptions{Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, ClientName: "churn"}
 	var wg sync.WaitGroup
 	errs := make(chan error, 20)
@@ -340,15 +484,20 @@ func TestConcurrentSubscribersShareOneUpstream(t *testing.T) {
 	}
 	// Streams end asynchronously on the server, with nothing to wait on:
 	// poll for the releases.
-	err = wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		src := mgr.Sources()
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		src := srv.mgr.Sources()
 		return len(src) == 1 && src[0].RefCount == 0, nil
 	})
 	if err != nil {
-		t.Fatalf("sources after every client left: %+v", mgr.Sources())
+		t.Fatalf("sources after every client left: %+v", srv.mgr.Sources())
 	}
 	if l, w := api.lists.Load(), api.watches.Load(); l != 1 || w != 1 {
 		t.Fatalf("200 subscriptions caused %d lists and %d watches upstream, want 1 and 1", l, w)
+	}
+	// One caller, one token, one resource: one TokenReview, and one
+	// SubjectAccessReview per verb (list, watch), however many streams.
+	if tr, sar := api.tokenReviews.Load(), api.reviews.Load(); tr != 1 || sar != 2 {
+		t.Fatalf("200 subscriptions by one caller caused %d TokenReviews and %d SubjectAccessReviews, want 1 and 2", tr, sar)
 	}
 }
 
@@ -356,11 +505,11 @@ func TestConcurrentSubscribersShareOneUpstream(t *testing.T) {
 // benchmark measures: every subscriber gets every event, in order.
 func TestFanOutDeliversEveryEventToEverySubscriber(t *testing.T) {
 	api := newFakeAPIServer(t)
-	socket := serve(t, api)
+	srv := serve(t, api, authOn)
 	subs := make([]*subscriber, 5)
 	for i := range subs {
-		subs[i] = subscribe(t, socket)
-		<-subs[i].synced
+		subs[i] = subscribe(t, srv, fmt.Sprintf("client-%d", i))
+		subs[i].waitSynced(t)
 	}
 	for i := range 500 {
 		api.feed <- event(i%50, i+2, 100)
@@ -372,29 +521,34 @@ func TestFanOutDeliversEveryEventToEverySubscriber(t *testing.T) {
 
 // BenchmarkFanOut measures events delivered per second from one upstream
 // watch to 1 to 1000 subscribers, each on its own gRPC connection over a
-// Unix socket: upstream JSON decode, the log, encode-once frames and gRPC.
-// reader=client adds the client library's decoding of each WatchResponse;
-// reader=raw only counts the events, so that allocs/delivery is the
-// daemon's (and gRPC's) cost per event per subscriber.
+// Unix socket with its own identity: upstream JSON decode, the log,
+// encode-once frames and gRPC. reader=client adds the client library's
+// decoding of each WatchResponse; reader=raw only counts the events, so
+// that allocs/delivery is the daemon's (and gRPC's) cost per event per
+// subscriber. auth=on authenticates and authorizes every subscriber (its
+// reviews are made before the timer starts); auth=off is
+// -insecure-local-only.
 func BenchmarkFanOut(b *testing.B) {
 	for _, reader := range []string{"raw", "client"} {
 		for _, n := range []int{1, 10, 100, 1000} {
 			for _, size := range []int{1024, 4096} {
-				b.Run(fmt.Sprintf("reader=%s/subscribers=%d/object=%dB", reader, n, size), func(b *testing.B) {
-					benchmarkFanOut(b, reader == "raw", n, size)
-				})
+				for _, sec := range []security{authOn, authOff} {
+					b.Run(fmt.Sprintf("reader=%s/subscribers=%d/object=%dB/auth=%s", reader, n, size, sec), func(b *testing.B) {
+						benchmarkFanOut(b, reader == "raw", n, size, sec)
+					})
+				}
 			}
 		}
 	}
 }
 
-func benchmarkFanOut(b *testing.B, raw bool, n, size int) {
+func benchmarkFanOut(b *testing.B, raw bool, n, size int, sec security) {
 	api := newFakeAPIServer(b)
-	socket := serve(b, api)
+	srv := serve(b, api, sec)
 	subs := make([]*subscriber, n)
 	for i := range subs {
-		subs[i] = subscribeWith(b, socket, raw)
-		<-subs[i].synced
+		subs[i] = subscribeWith(b, srv, fmt.Sprintf("client-%d", i), raw)
+		subs[i].waitSynced(b)
 	}
 	lines := make([][]byte, b.N)
 	for i := range lines {
@@ -419,4 +573,80 @@ func benchmarkFanOut(b *testing.B, raw bool, n, size int) {
 	b.ReportMetric(float64(b.N*n)/elapsed.Seconds(), "deliveries/s")
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "events/s")
 	b.ReportMetric(float64(after.Mallocs-before.Mallocs)/float64(b.N*n), "allocs/delivery")
+}
+
+// BenchmarkSubscribe measures the latency of a subscription to an informer
+// that has already synced: from the Watch request to its SYNCED, over a
+// connection already open, with authentication and authorization on (the
+// caller's token and decisions cached, as for any caller after its first
+// stream) and off. It reports the median and 99th percentile.
+func BenchmarkSubscribe(b *testing.B) {
+	for _, sec := range []security{authOn, authOff} {
+		b.Run("auth="+sec.String(), func(b *testing.B) {
+			api := newFakeAPIServer(b)
+			srv := serve(b, api, sec)
+			subscribe(b, srv, "holder").waitSynced(b) // keeps the informer synced
+			c := srv.dial(b, "subscriber")
+			opts := client.WatchOptions{Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, ClientName: "subscriber"}
+			once := func() time.Duration {
+				start := time.Now()
+				s, err := c.Stream(context.Background(), opts, "")
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer s.Close()
+				for {
+					evs, err := s.Recv()
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, ev := range evs {
+						if ev.GetType() == informerdv1.EventType_EVENT_TYPE_SYNCED {
+							return time.Since(start)
+						}
+					}
+				}
+			}
+			once() // warms the caches (and the connection)
+			reviewsBefore := api.tokenReviews.Load() + api.reviews.Load()
+			lat := make([]time.Duration, b.N)
+			b.ResetTimer()
+			for i := range lat {
+				lat[i] = once()
+			}
+			b.StopTimer()
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			b.ReportMetric(float64(api.tokenReviews.Load()+api.reviews.Load()-reviewsBefore)/float64(b.N), "reviews/op")
+		})
+	}
+}
+
+// BenchmarkSubscriberHeap measures the heap one more subscriber costs, on
+// its own connection with one stream (both ends: the daemon and a raw
+// reader in this process), with authentication and authorization on
+// (its token, decisions and re-check kept) and off. Run it with a fixed
+// count: -benchtime 200x.
+func BenchmarkSubscriberHeap(b *testing.B) {
+	for _, sec := range []security{authOn, authOff} {
+		b.Run("auth="+sec.String(), func(b *testing.B) {
+			api := newFakeAPIServer(b)
+			srv := serve(b, api, sec)
+			subscribeWith(b, srv, "warm", true).waitSynced(b)
+			heap := func() uint64 {
+				var m runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&m)
+				return m.HeapAlloc
+			}
+			before := heap()
+			b.ResetTimer()
+			for i := range b.N {
+				subscribeWith(b, srv, fmt.Sprintf("client-%d", i), true).waitSynced(b)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(int64(heap())-int64(before))/float64(b.N), "heap-B/subscriber")
+		})
+	}
 }

@@ -5,18 +5,27 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/informerd/informerd/address"
+	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/cache"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 	statusengine "github.com/informerd/informerd/status"
@@ -29,6 +38,29 @@ type Options struct {
 	// Status serves WatchStatus. Default: none (WatchStatus answers
 	// UNIMPLEMENTED). The caller closes it after the streams end.
 	Status *statusengine.Engine
+	// Authenticator verifies each caller's bearer token. Required unless
+	// InsecureLocalOnly.
+	Authenticator *auth.Authenticator
+	// Authorizer checks each resource a request reads, as its caller.
+	// Required unless InsecureLocalOnly.
+	Authorizer *auth.Authorizer
+	// InsecureLocalOnly serves every caller without a token, with the
+	// daemon's own permissions: for development on a Unix socket only its
+	// own user can open. Never the default; cmd/informerd refuses it with
+	// a TCP listener.
+	InsecureLocalOnly bool
+	// AllowedUIDs, if not empty, admits only Unix socket callers whose
+	// uid (SO_PEERCRED) is in it, in addition to their token. TCP callers
+	// are not affected.
+	AllowedUIDs []uint32
+	// Sensitive resources are refused unless also in ServeSensitive; the
+	// caller's RBAC still applies to those. Secrets are always sensitive.
+	Sensitive, ServeSensitive []schema.GroupResource
+	// TLS, if set, serves TCP connections with TLS. Unix socket
+	// connections are never TLS.
+	TLS *tls.Config
+	// Limits bound what callers and connections may use.
+	Limits Limits
 	// MaxBatchEvents bounds the events in one WatchResponse or
 	// WatchStatusResponse. Default 256.
 	MaxBatchEvents int
@@ -49,6 +81,65 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
+// Limits bound what one caller or connection may use; exceeding one gets
+// RESOURCE_EXHAUSTED naming it (connections beyond a limit are closed).
+// Zero values take the documented defaults.
+type Limits struct {
+	// MaxStreamsPerCaller bounds the open streams of one caller (a user),
+	// on all its connections. Default 512.
+	MaxStreamsPerCaller int
+	// MaxRequestBytes bounds a request message. Default 64 KiB.
+	MaxRequestBytes int
+	// MaxSelectorBytes bounds each selector of a request. Default 4 KiB.
+	MaxSelectorBytes int
+	// MaxHeaderBytes bounds a request's metadata, its token included.
+	// Default 16 KiB.
+	MaxHeaderBytes int
+	// MaxStreamsPerConnection bounds the concurrent streams of one HTTP/2
+	// connection; more wait for a free one. Default 256.
+	MaxStreamsPerConnection int
+	// MaxConnections bounds the open connections of all peers, and
+	// MaxConnectionsPerPeer those of one peer (a uid on the Unix socket, an
+	// IP over TCP). Defaults 2048 and 512.
+	MaxConnections, MaxConnectionsPerPeer int
+	// ConnectionTimeout bounds a new connection's handshake: TLS, the
+	// HTTP/2 preface and settings. Default 10s.
+	ConnectionTimeout time.Duration
+	// MaxConnectionIdle closes a connection that has had no stream for
+	// this long (with a GOAWAY: clients reconnect when they need to),
+	// including one that only ever sent a preface. Default 5m.
+	MaxConnectionIdle time.Duration
+	// KeepaliveMinTime is the shortest interval at which a client may
+	// ping; a client that pings more often is disconnected. Default 20s.
+	KeepaliveMinTime time.Duration
+}
+
+func (l *Limits) setDefaults() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.MaxStreamsPerCaller, 512)
+	def(&l.MaxRequestBytes, 64<<10)
+	def(&l.MaxSelectorBytes, 4<<10)
+	def(&l.MaxHeaderBytes, 16<<10)
+	def(&l.MaxStreamsPerConnection, 256)
+	def(&l.MaxConnections, 2048)
+	def(&l.MaxConnectionsPerPeer, 512)
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defDur(&l.ConnectionTimeout, 10*time.Second)
+	defDur(&l.MaxConnectionIdle, 5*time.Minute)
+	defDur(&l.KeepaliveMinTime, 20*time.Second)
+}
+
+// Secrets are always sensitive.
+var secrets = schema.GroupResource{Resource: "secrets"}
+
 // Server implements informerdv1.InformerServiceServer.
 type Server struct {
 	informerdv1.UnimplementedInformerServiceServer
@@ -56,6 +147,9 @@ type Server struct {
 	opts    Options
 	log     *slog.Logger
 	metrics *metrics
+	streams *streamCounter
+	conns   *connCounter
+	holds   *holdRegistry
 	// shutdown ends every stream when cancelled.
 	shutdown       context.Context
 	cancelShutdown context.CancelFunc
@@ -66,11 +160,14 @@ type Server struct {
 
 var _ informerdv1.InformerServiceServer = (*Server)(nil)
 
-// New returns a Server. Register it on a grpc.Server created with
-// ServerOptions.
+// New returns a Server. Serve it on a grpc.Server created with its
+// ServerOptions, on listeners wrapped by its Listen.
 func New(opts Options) (*Server, error) {
 	if opts.Cache == nil {
 		return nil, errors.New("daemon: Options.Cache is required")
+	}
+	if !opts.InsecureLocalOnly && (opts.Authenticator == nil || opts.Authorizer == nil) {
+		return nil, errors.New("daemon: Options.Authenticator and Options.Authorizer are required (or InsecureLocalOnly, for development)")
 	}
 	if opts.MaxBatchEvents <= 0 {
 		opts.MaxBatchEvents = 256
@@ -84,7 +181,16 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Server{opts: opts, log: opts.Logger, metrics: newMetrics(opts.Registerer)}
+	opts.Limits.setDefaults()
+	if !slices.Contains(opts.Sensitive, secrets) {
+		opts.Sensitive = append(slices.Clone(opts.Sensitive), secrets)
+	}
+	s := &Server{
+		opts: opts, log: opts.Logger, metrics: newMetrics(opts.Registerer),
+		streams: &streamCounter{max: opts.Limits.MaxStreamsPerCaller, open: map[string]int{}},
+		conns:   &connCounter{max: opts.Limits.MaxConnections, perPeer: opts.Limits.MaxConnectionsPerPeer, byPeer: map[string]int{}},
+		holds:   &holdRegistry{holds: map[*hold]struct{}{}},
+	}
 	var err error
 	if s.addresses, s.addressReads, err = newAddresses(opts); err != nil {
 		return nil, err
@@ -93,10 +199,28 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-// ServerOptions returns the grpc.ServerOptions the Server needs: its codec,
-// which writes pre-encoded frames without copying them.
-func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.ForceServerCodecV2(newCodec())}
+// ServerOptions returns the grpc.ServerOptions a grpc.Server serving s
+// needs: its codec (which writes pre-encoded frames without copying them),
+// the interceptors that authenticate every caller, the transport
+// credentials (TLS over TCP when configured) and the limits.
+func (s *Server) ServerOptions() []grpc.ServerOption {
+	l := s.opts.Limits
+	var creds transportCreds
+	if s.opts.TLS != nil {
+		creds.tls = credentials.NewTLS(s.opts.TLS)
+	}
+	return []grpc.ServerOption{
+		grpc.ForceServerCodecV2(newCodec()),
+		grpc.Creds(creds),
+		grpc.ChainUnaryInterceptor(s.unaryAuth),
+		grpc.ChainStreamInterceptor(s.streamAuth),
+		grpc.MaxRecvMsgSize(l.MaxRequestBytes),
+		grpc.MaxHeaderListSize(uint32(l.MaxHeaderBytes)),
+		grpc.MaxConcurrentStreams(uint32(l.MaxStreamsPerConnection)),
+		grpc.ConnectionTimeout(l.ConnectionTimeout),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.KeepaliveMinTime}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: l.MaxConnectionIdle, Time: 2 * time.Minute, Timeout: 20 * time.Second}),
+	}
 }
 
 // Shutdown ends every stream with UNAVAILABLE, so that clients reconnect to
@@ -104,27 +228,34 @@ func ServerOptions() []grpc.ServerOption {
 // before grpc.Server.GracefulStop, which then returns promptly.
 func (s *Server) Shutdown() { s.cancelShutdown() }
 
-// Watch implements the Watch RPC: validate, subscribe, then send batches
-// until the client leaves or stops reading, the Source ends, or the
-// daemon shuts down.
+// Watch implements the Watch RPC: validate, authorize, subscribe, then
+// send batches until the client leaves or stops reading, the Source ends,
+// a re-check denies the caller, or the daemon shuts down.
 func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.InformerService_WatchServer) error {
-	creq, view, err := validateWatch(req)
+	creq, view, err := validateWatch(req, s.opts.Limits.MaxSelectorBytes)
 	if err != nil {
-		return s.badRequest(err)
+		return s.reject(err)
 	}
 	ctx, cancel := s.requestContext(stream.Context())
 	defer cancel()
-
+	c := callerOf(ctx)
+	if ctx, err = s.authorizeRequest(ctx, &creq, req.GetLabelSelector()); err != nil {
+		return s.endStream(ctx, err)
+	}
 	sub, err := s.opts.Cache.Subscribe(ctx, creq)
 	if err != nil {
 		return s.endStream(ctx, err)
 	}
 	defer sub.Close()
+	if sub.Key().GVR.GroupResource() != creq.GVR.GroupResource() { // discovery changed in between
+		return s.endStream(ctx, fmt.Errorf("%w: %s now names %s: retry", cache.ErrNotSynced, creq.GVR.GroupResource(), sub.Key().GVR.GroupResource()))
+	}
+	defer s.holds.add(&hold{caller: c, client: creq.Holder, key: sub.Key()})()
 	apiVersion, kind := sub.TypeMeta()
 	encode := func(e *cache.Event) frame { return encodeEvent(e, view, apiVersion, kind) }
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
-	log := s.log.With("client", creq.Holder, "informer", sub.Key().String())
+	log := s.log.With("client", creq.Holder, "caller", c.name, "peer", c.peer.String(), "informer", sub.Key().String())
 	log.Debug("stream started", "resume", creq.Resume)
 	out := startSender(stream, s.opts.WriteTimeout)
 	defer out.close()
@@ -224,12 +355,6 @@ func (s *sender) close() {
 	}
 }
 
-// badRequest counts and returns a request's INVALID_ARGUMENT status.
-func (s *Server) badRequest(err error) error {
-	s.metrics.requestErrors.WithLabelValues(codes.InvalidArgument.String()).Inc()
-	return err
-}
-
 // requestContext returns the context of a request's work: ended when the
 // client leaves, when cancel is called, or when the daemon shuts down.
 func (s *Server) requestContext(client context.Context) (ctx context.Context, cancel func()) {
@@ -238,11 +363,28 @@ func (s *Server) requestContext(client context.Context) (ctx context.Context, ca
 	return ctx, func() { stop(); cancelCtx() }
 }
 
+// authorizeRequest resolves the resource creq names to its canonical name
+// (so that what is authorized is what the cache will read), sets creq to
+// it and to the caller as its owner, and authorizes the caller for it;
+// see authorize.
+func (s *Server) authorizeRequest(ctx context.Context, creq *cache.Request, labelSelector string) (context.Context, error) {
+	gvr, _, err := s.opts.Cache.ResolveResource(ctx, *creq)
+	if err != nil {
+		return ctx, err
+	}
+	creq.GVR, creq.Kind, creq.Owner = gvr, "", callerOf(ctx).name
+	return s.authorize(ctx, access{GVR: gvr, Namespace: creq.Namespace, LabelSelector: labelSelector, FieldSelector: creq.FieldSelector})
+}
+
 // endStream maps the error that ended a stream, telling a shutdown apart
-// from the client leaving.
+// from the client leaving and from a re-check's verdict.
 func (s *Server) endStream(ctx context.Context, err error) error {
-	if ctx.Err() != nil && s.shutdown.Err() != nil {
-		err = errShuttingDown
+	if ctx.Err() != nil {
+		if cause := context.Cause(ctx); cause != ctx.Err() {
+			err = cause // a re-check's verdict
+		} else if s.shutdown.Err() != nil {
+			err = errShuttingDown
+		}
 	}
 	st := toStatus(err)
 	s.metrics.requestErrors.WithLabelValues(status.Code(st).String()).Inc()
@@ -302,14 +444,18 @@ func encodingOf(k cache.Key) informerdv1.Encoding {
 }
 
 // Get implements the Get RPC: one object from the store of the informer
-// that serves its resource.
+// that serves its resource. The informer lists and watches the resource,
+// so the caller must be allowed to, as for Watch.
 func (s *Server) Get(ctx context.Context, req *informerdv1.GetRequest) (*informerdv1.GetResponse, error) {
 	creq, name, view, err := validateGet(req)
 	if err != nil {
-		return nil, err
+		return nil, s.reject(err)
 	}
 	ctx, cancel := s.requestContext(ctx)
 	defer cancel()
+	if ctx, err = s.authorizeRequest(ctx, &creq, ""); err != nil {
+		return nil, s.endStream(ctx, err)
+	}
 	o, err := s.opts.Cache.Get(ctx, creq, name)
 	if err != nil {
 		return nil, s.endStream(ctx, err)
@@ -321,12 +467,34 @@ func (s *Server) Get(ctx context.Context, req *informerdv1.GetRequest) (*informe
 	return &informerdv1.GetResponse{Object: data}, nil
 }
 
-// ListInformers implements the introspection RPC.
-func (s *Server) ListInformers(context.Context, *informerdv1.ListInformersRequest) (*informerdv1.ListInformersResponse, error) {
+// introspectPath is the non-resource URL a caller must be allowed to get
+// to see every informer and stream; others see their own.
+const introspectPath = "/informerd/informers"
+
+// ListInformers implements the introspection RPC. A caller allowed get on
+// introspectPath (or any caller in InsecureLocalOnly mode) sees every
+// informer and every stream; another sees only the informers its own
+// streams hold, with only its own streams, and without the counts
+// (objects, lag) that describe what others read.
+func (s *Server) ListInformers(ctx context.Context, _ *informerdv1.ListInformersRequest) (*informerdv1.ListInformersResponse, error) {
+	c := callerOf(ctx)
+	all := c.user == nil
+	if !all {
+		_, err := s.opts.Authorizer.Authorize(ctx, c.user, auth.Attributes{Verb: "get", Path: introspectPath})
+		if err != nil && !errors.Is(err, auth.ErrDenied) {
+			return nil, toStatus(err)
+		}
+		all = err == nil
+	}
+	holds := s.holds.byKey(func(h *hold) bool { return all || h.caller.name == c.name })
 	infos := s.opts.Cache.Sources()
 	resp := &informerdv1.ListInformersResponse{Informers: make([]*informerdv1.Informer, 0, len(infos))}
 	for _, in := range infos {
-		resp.Informers = append(resp.Informers, &informerdv1.Informer{
+		mine := holds[in.Key]
+		if !all && len(mine) == 0 {
+			continue
+		}
+		inf := &informerdv1.Informer{
 			Resource: &informerdv1.GroupVersionResource{
 				Group: in.Key.GVR.Group, Version: in.Key.GVR.Version, Resource: in.Key.GVR.Resource,
 			},
@@ -341,7 +509,62 @@ func (s *Server) ListInformers(context.Context, *informerdv1.ListInformersReques
 			MaxLagEvents:    int64(in.MaxLagEvents),
 			Message:         in.Message,
 			Encoding:        encodingOf(in.Key),
-		})
+		}
+		if !all {
+			inf.Holders, inf.RefCount, inf.Objects, inf.MaxLagEvents = nil, int32(len(mine)), 0, 0
+			for _, h := range mine {
+				inf.Holders = append(inf.Holders, h.client)
+			}
+			slices.Sort(inf.Holders)
+		}
+		for _, h := range mine {
+			inf.Subscribers = append(inf.Subscribers, &informerdv1.Subscriber{ClientName: h.client, User: h.caller.name, Peer: h.caller.peer.String()})
+		}
+		resp.Informers = append(resp.Informers, inf)
 	}
 	return resp, nil
+}
+
+// hold is one open stream on an informer, for introspection.
+type hold struct {
+	caller *caller
+	client string
+	key    cache.Key
+}
+
+// holdRegistry is the open streams.
+type holdRegistry struct {
+	mu    sync.Mutex // guards holds
+	holds map[*hold]struct{}
+}
+
+// add registers h and returns the func that removes it.
+func (r *holdRegistry) add(h *hold) func() {
+	r.mu.Lock()
+	r.holds[h] = struct{}{}
+	r.mu.Unlock()
+	return func() {
+		r.mu.Lock()
+		delete(r.holds, h)
+		r.mu.Unlock()
+	}
+}
+
+// byKey returns the holds that keep admits, by informer, sorted by client
+// and caller.
+func (r *holdRegistry) byKey(keep func(*hold) bool) map[cache.Key][]*hold {
+	out := map[cache.Key][]*hold{}
+	r.mu.Lock()
+	for h := range r.holds {
+		if keep(h) {
+			out[h.key] = append(out[h.key], h)
+		}
+	}
+	r.mu.Unlock()
+	for _, hs := range out {
+		slices.SortFunc(hs, func(a, b *hold) int {
+			return cmp.Or(strings.Compare(a.client, b.client), strings.Compare(a.caller.name, b.caller.name))
+		})
+	}
+	return out
 }

@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/informerd/informerd/client"
-	"github.com/informerd/informerd/daemon"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
@@ -27,13 +26,13 @@ func TestStalledClientIsCutOff(t *testing.T) {
 	defer cancel()
 	api := newFakeAPIServer(t)
 	reg := prometheus.NewRegistry()
-	socket, _ := serveWith(t, api, daemon.Options{WriteTimeout: 100 * time.Millisecond, Registerer: reg})
-	bystander := subscribe(t, socket)
-	<-bystander.synced
+	srv := serve(t, api, authOn, func(c *serverConfig) { c.opts.WriteTimeout, c.opts.Registerer = 100*time.Millisecond, reg })
+	bystander := subscribe(t, srv, "bystander")
+	bystander.waitSynced(t)
 
 	// Small flow-control windows: the daemon's writes block once about
 	// 64 KiB are unread.
-	c, err := client.Dial(socket, grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+	c, err := client.Dial(srv.socket, append(srv.credentials("stalled"), grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,6 +32,33 @@ const maxName = 253
 // at most 20 digits; aggregated APIs may use other strings.
 const maxResourceVersion = 256
 
+// maxQuoted bounds how much of a client's input an error message quotes.
+const maxQuoted = 64
+
+// quote quotes s for an error message, at most maxQuoted bytes of it: a
+// client that sends megabytes gets a short answer.
+func quote(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	cut := maxQuoted
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(s[:cut]), len(s))
+}
+
+// shorten bounds an error message built from a client's input (a
+// selector parser's message quotes it whole).
+func shorten(err error) string { return strings.ToValidUTF8(truncate(err.Error(), 2*maxQuoted), "?") }
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
 // invalid returns an INVALID_ARGUMENT status.
 func invalid(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, format, args...)
@@ -39,31 +68,31 @@ func invalid(format string, args ...any) error {
 func validateResource(r *informerdv1.GroupVersionResource, kind, namespace string) error {
 	switch {
 	case kind != "" && r.GetResource() != "":
-		return invalid("kind %q and resource.resource %q are both set: name the resource one way", kind, r.GetResource())
+		return invalid("kind %s and resource.resource %s are both set: name the resource one way", quote(kind), quote(r.GetResource()))
 	case kind != "":
 		if errs := validation.IsDNS1035Label(strings.ToLower(kind)); len(errs) > 0 {
-			return invalid("kind %q: %s", kind, errs[0])
+			return invalid("kind %s: %s", quote(kind), errs[0])
 		}
 	case r.GetVersion() == "" || r.GetResource() == "":
 		return invalid("resource: version and resource (or kind) are required, for example version %q, resource %q", "v1", "configmaps")
 	default:
 		if errs := validation.IsDNS1123Subdomain(r.GetResource()); len(errs) > 0 {
-			return invalid("resource.resource %q: %s (use the lower-case plural, for example %q)", r.GetResource(), errs[0], "deployments")
+			return invalid("resource.resource %s: %s (use the lower-case plural, for example %q)", quote(r.GetResource()), errs[0], "deployments")
 		}
 	}
 	if r.GetGroup() != "" {
 		if errs := validation.IsDNS1123Subdomain(r.GetGroup()); len(errs) > 0 {
-			return invalid("resource.group %q: %s", r.GetGroup(), errs[0])
+			return invalid("resource.group %s: %s", quote(r.GetGroup()), errs[0])
 		}
 	}
 	if v := r.GetVersion(); v != "" {
 		if errs := validation.IsDNS1035Label(v); len(errs) > 0 {
-			return invalid("resource.version %q: %s", v, errs[0])
+			return invalid("resource.version %s: %s", quote(v), errs[0])
 		}
 	}
 	if namespace != "" {
 		if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
-			return invalid("namespace %q: %s", namespace, errs[0])
+			return invalid("namespace %s: %s", quote(namespace), errs[0])
 		}
 	}
 	return nil
@@ -109,8 +138,15 @@ func holderName(name string) (string, error) {
 }
 
 // validateWatch turns a WatchRequest into a cache.Request, or returns an
-// INVALID_ARGUMENT status naming the field and what is wrong with it.
-func validateWatch(req *informerdv1.WatchRequest) (cache.Request, cache.View, error) {
+// INVALID_ARGUMENT status naming the field and what is wrong with it, or an
+// error wrapping errLimit for a selector longer than maxSelector bytes.
+// Messages quote at most a short prefix of what the client sent.
+func validateWatch(req *informerdv1.WatchRequest, maxSelector int) (cache.Request, cache.View, error) {
+	for _, f := range []struct{ name, value string }{{"label_selector", req.GetLabelSelector()}, {"field_selector", req.GetFieldSelector()}} {
+		if len(f.value) > maxSelector {
+			return cache.Request{}, 0, fmt.Errorf("%w: %s is %d bytes, over the limit of %d (max-selector-bytes)", errLimit, f.name, len(f.value), maxSelector)
+		}
+	}
 	r, kind := req.GetResource(), req.GetKind()
 	if err := validateResource(r, kind, req.GetNamespace()); err != nil {
 		return cache.Request{}, 0, err
@@ -120,11 +156,11 @@ func validateWatch(req *informerdv1.WatchRequest) (cache.Request, cache.View, er
 	}
 	sel, err := labels.Parse(req.GetLabelSelector())
 	if err != nil {
-		return invalid("label_selector %q: %v", req.GetLabelSelector(), err)
+		return invalid("label_selector %s: %s", quote(req.GetLabelSelector()), shorten(err))
 	}
 	fieldSel, err := fields.ParseSelector(req.GetFieldSelector())
 	if err != nil {
-		return invalid("field_selector %q: %v", req.GetFieldSelector(), err)
+		return invalid("field_selector %s: %s", quote(req.GetFieldSelector()), shorten(err))
 	}
 	if err := validateResourceVersion("resume_resource_version", req.GetResumeResourceVersion()); err != nil {
 		return cache.Request{}, 0, err
@@ -169,7 +205,7 @@ func validateGet(req *informerdv1.GetRequest) (cache.Request, string, cache.View
 		return cache.Request{}, "", 0, invalid("name is %d bytes long, at most %d are allowed", len(name), maxName)
 	}
 	if errs := path.IsValidPathSegmentName(name); len(errs) > 0 {
-		return cache.Request{}, "", 0, invalid("name %q: %s", name, errs[0])
+		return cache.Request{}, "", 0, invalid("name %s: %s", quote(name), errs[0])
 	}
 	if err := validateResourceVersion("not_older_than_resource_version", req.GetNotOlderThanResourceVersion()); err != nil {
 		return cache.Request{}, "", 0, err

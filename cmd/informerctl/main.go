@@ -1,9 +1,15 @@
 // Command informerctl talks to an informerd daemon:
 //
-//	informerctl [-address A] informers            list informers, holders and lag
-//	informerctl [-address A] watch -resource R    stream changes of a resource
-//	informerctl [-address A] address IP:PORT [-w] who is behind an address
-//	informerctl [-address A] status -f DIR|FILE|- show the kstatus of manifests' objects live
+//	informerctl [-address A] [-token-file F] informers            list informers, holders and lag
+//	informerctl [-address A] [-token-file F] watch -resource R    stream changes of a resource
+//	informerctl [-address A] [-token-file F] address IP:PORT [-w] who is behind an address
+//	informerctl [-address A] [-token-file F] status -f DIR|FILE|- show the kstatus of manifests' objects live
+//
+// Every call carries the token in -token-file (default
+// /var/run/secrets/informerd/token), a projected ServiceAccount token with
+// informerd's audience; the daemon reviews it and authorizes each watch as
+// that ServiceAccount. `informers` lists the caller's own streams unless it
+// may get /informerd/informers.
 //
 // watch prints one tab-separated line per change (ADDED, MODIFIED or
 // DELETED, the object's key, its resourceVersion) and SYNCED once the
@@ -26,10 +32,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 
+	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -47,14 +55,26 @@ func main() {
 
 func run(args []string) error {
 	fs := flag.NewFlagSet("informerctl", flag.ContinueOnError)
-	address := fs.String("address", client.DefaultSocket, "daemon address: a Unix socket path or loopback host:port")
+	address := fs.String("address", client.DefaultSocket, "daemon address: a Unix socket path, or host:port (TLS unless loopback)")
+	tokenFile := fs.String("token-file", client.DefaultTokenFile, "file with the caller's ServiceAccount token for informerd's audience, read again when it changes")
+	caFile := fs.String("ca-file", "", "PEM CA bundle to verify the daemon's TLS certificate with; empty: no TLS (Unix socket or loopback only)")
+	serverName := fs.String("server-name", "informerd", "name the daemon's TLS certificate is checked for, with -ca-file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
 		return errors.New("missing command: informers, watch, address or status")
 	}
-	c, err := client.Dial(*address)
+	var opts []grpc.DialOption
+	fs.Visit(func(f *flag.Flag) { // Dial reads the default token file, if it exists, by itself
+		if f.Name == "token-file" {
+			opts = append(opts, client.WithTokenFile(*tokenFile))
+		}
+	})
+	if *caFile != "" {
+		opts = append(opts, client.WithTLS(*caFile, *serverName))
+	}
+	c, err := client.Dial(*address, opts...)
 	if err != nil {
 		return err
 	}
@@ -81,7 +101,7 @@ func informers(ctx context.Context, c *client.Client) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RESOURCE\tNAMESPACE\tSTATE\tREFS\tOBJECTS\tRV\tLAG\tHOLDERS\tMESSAGE")
+	fmt.Fprintln(tw, "RESOURCE\tNAMESPACE\tSTATE\tREFS\tOBJECTS\tRV\tLAG\tHOLDERS\tCALLERS\tMESSAGE")
 	for _, in := range resp.GetInformers() {
 		r := in.GetResource()
 		res := r.GetResource() + "." + r.GetVersion()
@@ -99,8 +119,14 @@ func informers(ctx context.Context, c *client.Client) error {
 		if in.GetEncoding() == informerdv1.Encoding_ENCODING_PROTOBUF {
 			res += " (protobuf)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%s\n", res, ns, state, in.GetRefCount(), in.GetObjects(),
-			in.GetResourceVersion(), in.GetMaxLagEvents(), strings.Join(in.GetHolders(), ","), in.GetMessage())
+		var callers []string // user (peer), once each
+		for _, sub := range in.GetSubscribers() {
+			if c := sub.GetUser() + " (" + sub.GetPeer() + ")"; !slices.Contains(callers, c) {
+				callers = append(callers, c)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%s\t%s\n", res, ns, state, in.GetRefCount(), in.GetObjects(),
+			in.GetResourceVersion(), in.GetMaxLagEvents(), strings.Join(in.GetHolders(), ","), strings.Join(callers, ","), in.GetMessage())
 	}
 	return tw.Flush()
 }

@@ -4,29 +4,34 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/cache"
 	"github.com/informerd/informerd/daemon"
 	"github.com/informerd/informerd/internal/version"
@@ -59,6 +64,26 @@ type config struct {
 	maxLogBytesAll  int64
 	writeTimeout    time.Duration
 	addressRelated  relatedKinds
+
+	// Security.
+	nodeName          string
+	tokenAudience     string
+	insecureLocalOnly bool
+	allowedUIDs       []uint32
+	tlsCert, tlsKey   string
+	healthAddr        string
+	tokenCacheTTL     time.Duration
+	tokenRejectTTL    time.Duration
+	allowTTL, denyTTL time.Duration
+	tokenReviewRate   float64
+	tokenReviewBurst  int
+	accessReviewRate  float64
+	accessReviewBurst int
+	reviewQPS         float64
+	reviewBurst       int
+	sensitive         []schema.GroupResource
+	serveSensitive    []schema.GroupResource
+	limits            daemon.Limits
 }
 
 func main() {
@@ -108,6 +133,37 @@ func parseFlags(args []string) (*config, error) {
 	fs.Var(&c.addressRelated, "address-related", "a related kind for WatchAddress answers, repeatable: RESOURCE.VERSION[.GROUP],selector=PATH[,port=PATH][,field=PATH]...,\n"+
 		"for example servers.v1beta3.policy.linkerd.io,selector=spec.podSelector,port=spec.port,field=spec.proxyProtocol")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
+
+	fs.StringVar(&c.nodeName, "node-name", "", "the node this daemon serves (the downward API's spec.nodeName): tokens bound to a pod on another node are refused; empty: no node check")
+	fs.StringVar(&c.tokenAudience, "token-audience", auth.DefaultAudience, "audience a caller's token must be issued for")
+	fs.BoolVar(&c.insecureLocalOnly, "insecure-local-only", false, "DEVELOPMENT ONLY: serve callers without tokens, with the daemon's own permissions, on a 0600 Unix socket (no -listen-tcp)")
+	uids := fs.String("allowed-uids", "", "comma-separated uids: if set, only Unix socket callers with one of these uids (SO_PEERCRED) are served, in addition to their token")
+	fs.StringVar(&c.tlsCert, "tls-cert-file", "", "PEM certificate for -listen-tcp and -metrics-address (required when either is not loopback)")
+	fs.StringVar(&c.tlsKey, "tls-key-file", "", "PEM private key of -tls-cert-file")
+	fs.StringVar(&c.healthAddr, "health-address", "", "address for plain-HTTP /healthz and /readyz only (for kubelet probes); empty: none (they are on -metrics-address too)")
+	fs.DurationVar(&c.tokenCacheTTL, "token-cache-ttl", time.Minute, "how long a verified token is remembered (never past its expiry)")
+	fs.DurationVar(&c.tokenRejectTTL, "token-rejection-ttl", 10*time.Second, "how long a rejected token is remembered")
+	fs.DurationVar(&c.allowTTL, "authz-allow-ttl", 5*time.Minute, "how long an allowed access is remembered; open streams are checked again after it")
+	fs.DurationVar(&c.denyTTL, "authz-deny-ttl", 30*time.Second, "how long a denied access is remembered")
+	fs.Float64Var(&c.tokenReviewRate, "token-reviews-per-second", 20, "TokenReviews per second that tokens not in the cache may cause, per peer (uid or IP)")
+	fs.IntVar(&c.tokenReviewBurst, "token-review-burst", 100, "burst above -token-reviews-per-second")
+	fs.Float64Var(&c.accessReviewRate, "access-reviews-per-second", 20, "SubjectAccessReviews per second that checks not in the cache may cause, per caller")
+	fs.IntVar(&c.accessReviewBurst, "access-review-burst", 100, "burst above -access-reviews-per-second")
+	fs.Float64Var(&c.reviewQPS, "review-qps", 100, "queries per second to the API server for TokenReviews and SubjectAccessReviews, apart from -kube-api-qps")
+	fs.IntVar(&c.reviewBurst, "review-burst", 200, "burst above -review-qps")
+	sensitive := fs.String("sensitive-resources", "", "comma-separated resource[.group] refused like secrets unless in -serve-sensitive, e.g. certificatesigningrequests.certificates.k8s.io")
+	serveSensitive := fs.String("serve-sensitive", "", "comma-separated sensitive resource[.group] to serve anyway (callers still need RBAC), e.g. secrets")
+	l := &c.limits
+	fs.IntVar(&l.MaxStreamsPerCaller, "max-streams-per-caller", 512, "open streams per caller (user), on all its connections")
+	fs.IntVar(&l.MaxRequestBytes, "max-request-bytes", 64<<10, "size of a request message")
+	fs.IntVar(&l.MaxSelectorBytes, "max-selector-bytes", 4<<10, "length of each selector of a request")
+	fs.IntVar(&l.MaxHeaderBytes, "max-header-bytes", 16<<10, "size of a request's metadata, its token included")
+	fs.IntVar(&l.MaxStreamsPerConnection, "max-streams-per-connection", 256, "concurrent streams on one connection (more wait)")
+	fs.IntVar(&l.MaxConnections, "max-connections", 2048, "open connections in all (more are closed at once)")
+	fs.IntVar(&l.MaxConnectionsPerPeer, "max-connections-per-peer", 512, "open connections of one peer: a uid on the Unix socket, an IP over TCP")
+	fs.DurationVar(&l.ConnectionTimeout, "connection-timeout", 10*time.Second, "time a new connection has for its TLS handshake and HTTP/2 preface")
+	fs.DurationVar(&l.MaxConnectionIdle, "max-connection-idle", 5*time.Minute, "a connection without streams for this long is closed (clients reconnect when they need to)")
+	fs.DurationVar(&l.KeepaliveMinTime, "keepalive-min-time", 20*time.Second, "shortest interval at which a client may send keepalive pings; more often closes its connection")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -128,9 +184,69 @@ func parseFlags(args []string) (*config, error) {
 	if c.socket == "" && c.listenTCP == "" {
 		return nil, errors.New("-socket and -listen-tcp are both empty: informerd would serve no one")
 	}
-	if c.listenTCP != "" {
-		if err := checkLoopback(c.listenTCP); err != nil {
-			return nil, fmt.Errorf("-listen-tcp %q: %w", c.listenTCP, err)
+	if (c.tlsCert == "") != (c.tlsKey == "") {
+		return nil, errors.New("-tls-cert-file and -tls-key-file go together")
+	}
+	for _, a := range []struct{ flag, addr string }{{"-listen-tcp", c.listenTCP}, {"-metrics-address", c.metricsAddr}} {
+		if a.addr == "" {
+			continue
+		}
+		loopback, err := isLoopback(a.addr)
+		if err != nil {
+			return nil, fmt.Errorf("%s %q: %w", a.flag, a.addr, err)
+		}
+		if !loopback && c.tlsCert == "" {
+			return nil, fmt.Errorf("%s %q is not a loopback address: callers' tokens would cross the network in the clear; set -tls-cert-file and -tls-key-file", a.flag, a.addr)
+		}
+		if !loopback && c.insecureLocalOnly {
+			return nil, fmt.Errorf("%s %q: -insecure-local-only serves loopback and the Unix socket only", a.flag, a.addr)
+		}
+	}
+	if c.insecureLocalOnly && c.listenTCP != "" {
+		return nil, errors.New("-insecure-local-only is allowed on the Unix socket only: remove -listen-tcp")
+	}
+	if c.healthAddr != "" {
+		if _, _, err := net.SplitHostPort(c.healthAddr); err != nil {
+			return nil, fmt.Errorf("-health-address %q: %w", c.healthAddr, err)
+		}
+	}
+	if *uids != "" {
+		for _, u := range strings.Split(*uids, ",") {
+			n, err := strconv.ParseUint(strings.TrimSpace(u), 10, 32)
+			if err != nil {
+				return nil, fmt.Errorf("-allowed-uids %q: %q is not a uid", *uids, u)
+			}
+			c.allowedUIDs = append(c.allowedUIDs, uint32(n))
+		}
+	}
+	var err error
+	if c.sensitive, err = parseGroupResources(*sensitive); err != nil {
+		return nil, fmt.Errorf("-sensitive-resources: %w", err)
+	}
+	if c.serveSensitive, err = parseGroupResources(*serveSensitive); err != nil {
+		return nil, fmt.Errorf("-serve-sensitive: %w", err)
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"-token-cache-ttl", c.tokenCacheTTL}, {"-token-rejection-ttl", c.tokenRejectTTL}, {"-authz-allow-ttl", c.allowTTL}, {"-authz-deny-ttl", c.denyTTL},
+		{"-connection-timeout", l.ConnectionTimeout}, {"-max-connection-idle", l.MaxConnectionIdle}, {"-keepalive-min-time", l.KeepaliveMinTime}} {
+		if d.v <= 0 {
+			return nil, fmt.Errorf("%s %s: must be positive", d.flag, d.v)
+		}
+	}
+	for _, n := range []struct {
+		flag string
+		v    float64
+	}{{"-token-reviews-per-second", c.tokenReviewRate}, {"-token-review-burst", float64(c.tokenReviewBurst)},
+		{"-access-reviews-per-second", c.accessReviewRate}, {"-access-review-burst", float64(c.accessReviewBurst)},
+		{"-review-qps", c.reviewQPS}, {"-review-burst", float64(c.reviewBurst)},
+		{"-max-streams-per-caller", float64(l.MaxStreamsPerCaller)}, {"-max-request-bytes", float64(l.MaxRequestBytes)},
+		{"-max-selector-bytes", float64(l.MaxSelectorBytes)}, {"-max-header-bytes", float64(l.MaxHeaderBytes)},
+		{"-max-streams-per-connection", float64(l.MaxStreamsPerConnection)}, {"-max-connections", float64(l.MaxConnections)},
+		{"-max-connections-per-peer", float64(l.MaxConnectionsPerPeer)}} {
+		if n.v <= 0 {
+			return nil, fmt.Errorf("%s %v: must be positive", n.flag, n.v)
 		}
 	}
 	if c.lingerTTL <= 0 {
@@ -177,20 +293,34 @@ func parseFlags(args []string) (*config, error) {
 // maxObjectLimit is the largest -max-object-bytes: what clients accept.
 const maxObjectLimit = informerdv1.MaxMessageBytes - informerdv1.MaxEventOverhead
 
-// checkLoopback accepts host:port where host is a loopback IP or
-// "localhost": informerd serves its node only.
-func checkLoopback(addr string) error {
+// isLoopback reports whether host:port names a loopback address (a
+// loopback IP or "localhost").
+func isLoopback(addr string) (bool, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if host == "localhost" {
-		return nil
+		return true, nil
 	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		return errors.New("not a loopback address: informerd serves local clients only")
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
+}
+
+// parseGroupResources reads a comma-separated list of resource[.group].
+func parseGroupResources(list string) ([]schema.GroupResource, error) {
+	var out []schema.GroupResource
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		gr := schema.ParseGroupResource(s)
+		if errs := validation.IsDNS1123Subdomain(gr.Resource); len(errs) > 0 {
+			return nil, fmt.Errorf("%q: %s", s, errs[0])
+		}
+		out = append(out, gr)
 	}
-	return nil
+	return out, nil
 }
 
 // run serves until ctx ends, then shuts down in this order: stop accepting
@@ -226,55 +356,101 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		return err
 	}
 	defer statuses.Close() // after the streams end, before the informers stop
-	srv, err := daemon.New(daemon.Options{Cache: mgr, Status: statuses, WriteTimeout: c.writeTimeout, AddressRelated: c.addressRelated, Logger: log, Registerer: reg})
+	opts := daemon.Options{
+		Cache: mgr, Status: statuses, AddressRelated: c.addressRelated,
+		WriteTimeout: c.writeTimeout, Logger: log, Registerer: reg, Limits: c.limits,
+		InsecureLocalOnly: c.insecureLocalOnly, AllowedUIDs: c.allowedUIDs,
+		Sensitive: c.sensitive, ServeSensitive: c.serveSensitive,
+	}
+	if c.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+		if err != nil {
+			return fmt.Errorf("-tls-cert-file, -tls-key-file: %w", err)
+		}
+		opts.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	if c.insecureLocalOnly {
+		log.Warn("INSECURE: -insecure-local-only serves every caller on the socket without a token, with informerd's own permissions; for development only", "socket", c.socket)
+	} else {
+		if opts.Authenticator, opts.Authorizer, err = reviewers(restCfg, c, log, reg); err != nil {
+			return err
+		}
+		if c.nodeName == "" {
+			log.Warn("-node-name is empty: tokens bound to pods on other nodes are accepted")
+		}
+	}
+	srv, err := daemon.New(opts)
 	if err != nil {
 		return err
 	}
-	gs := grpc.NewServer(daemon.ServerOptions()...)
+	gs := grpc.NewServer(srv.ServerOptions()...)
 	informerdv1.RegisterInformerServiceServer(gs, srv)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 
 	var listeners []net.Listener
 	if c.socket != "" {
-		l, err := listenUnix(c.socket)
+		mode := os.FileMode(0o666) // every caller authenticates with its token
+		if c.insecureLocalOnly {
+			mode = 0o600 // only the daemon's own user
+		}
+		l, err := listenUnix(c.socket, mode)
 		if err != nil {
 			return fmt.Errorf("-socket %s: %w", c.socket, err)
 		}
-		listeners = append(listeners, l)
+		listeners = append(listeners, srv.Listen(l))
 	}
 	if c.listenTCP != "" {
 		l, err := net.Listen("tcp", c.listenTCP)
 		if err != nil {
 			return fmt.Errorf("-listen-tcp %s: %w", c.listenTCP, err)
 		}
-		listeners = append(listeners, l)
+		listeners = append(listeners, srv.Listen(l))
 	}
-	var httpSrv *http.Server
-	if c.metricsAddr != "" {
-		l, err := net.Listen("tcp", c.metricsAddr)
+
+	// The readiness prober asks the API server in the background: /readyz
+	// never costs it a request.
+	ready := &readiness{}
+	probeCtx, stopProbe := context.WithCancel(ctx)
+	var probing sync.WaitGroup
+	probing.Add(1)
+	go func() { defer probing.Done(); ready.run(probeCtx, restCfg, readyzInterval) }()
+	defer func() { stopProbe(); probing.Wait() }()
+
+	var httpSrvs []*http.Server
+	serveHTTP := func(flag, addr string, h http.Handler, tlsCfg *tls.Config) error {
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
-			return fmt.Errorf("-metrics-address %s: %w", c.metricsAddr, err)
+			return fmt.Errorf("%s %s: %w", flag, addr, err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-		mux.HandleFunc("/readyz", readyz(restCfg))
-		if c.enablePprof {
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		if tlsCfg != nil {
+			l = tls.NewListener(l, tlsCfg)
 		}
-		httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = httpSrv.Serve(l) }() // ends when Shutdown closes it below
+		hsrv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: c.limits.MaxHeaderBytes}
+		httpSrvs = append(httpSrvs, hsrv)
+		go func() { _ = hsrv.Serve(l) }() // ends when Close closes it below
+		return nil
+	}
+	if c.metricsAddr != "" {
+		var tlsCfg *tls.Config
+		if loopback, _ := isLoopback(c.metricsAddr); !loopback {
+			tlsCfg = opts.TLS
+		}
+		h := metricsHandler(reg, c.enablePprof, ready, opts.Authenticator, opts.Authorizer, log)
+		if err := serveHTTP("-metrics-address", c.metricsAddr, h, tlsCfg); err != nil {
+			return err
+		}
+	}
+	if c.healthAddr != "" {
+		if err := serveHTTP("-health-address", c.healthAddr, healthHandler(ready), nil); err != nil {
+			return err
+		}
 	}
 
 	serveErr := make(chan error, len(listeners))
 	for _, l := range listeners {
 		go func() { serveErr <- gs.Serve(l) }() // each ends when gs stops
-		log.Info("serving", "address", l.Addr().String())
+		log.Info("serving", "address", l.Addr().String(), "authentication", !c.insecureLocalOnly)
 	}
 	select {
 	case <-ctx.Done():
@@ -291,29 +467,35 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		gs.Stop()
 		<-stopped
 	}
-	if httpSrv != nil {
-		_ = httpSrv.Close()
+	for _, h := range httpSrvs {
+		_ = h.Close()
 	}
 	return err
 }
 
-// readyz answers 200 while the API server answers /version within 2 s:
-// informerd serves what it has without it, but cannot start new informers.
-func readyz(cfg *rest.Config) http.HandlerFunc {
-	kube, clientErr := kubernetes.NewForConfig(cfg)
-	return func(w http.ResponseWriter, r *http.Request) {
-		err := clientErr
-		if err == nil {
-			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-			defer cancel()
-			_, err = kube.Discovery().RESTClient().Get().AbsPath("/version").DoRaw(ctx)
-		}
-		if err != nil {
-			http.Error(w, "API server unreachable: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
+// reviewers returns the Authenticator and Authorizer, on a client of their
+// own so that reviews and the informers' requests never wait for each
+// other's rate limit.
+func reviewers(restCfg *rest.Config, c *config, log *slog.Logger, reg prometheus.Registerer) (*auth.Authenticator, *auth.Authorizer, error) {
+	cfg := rest.CopyConfig(restCfg)
+	cfg.QPS, cfg.Burst = float32(c.reviewQPS), c.reviewBurst
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
 	}
+	authn, err := auth.NewAuthenticator(auth.AuthenticatorOptions{
+		Reviews: kube.AuthenticationV1().TokenReviews(), Audience: c.tokenAudience, NodeName: c.nodeName,
+		CacheTTL: c.tokenCacheTTL, NegativeTTL: c.tokenRejectTTL,
+		ReviewOptions: auth.ReviewOptions{ReviewsPerSecond: c.tokenReviewRate, ReviewBurst: c.tokenReviewBurst, Logger: log, Registerer: reg},
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	authz, err := auth.NewAuthorizer(auth.AuthorizerOptions{
+		Reviews: kube.AuthorizationV1().SubjectAccessReviews(), AllowTTL: c.allowTTL, DenyTTL: c.denyTTL,
+		ReviewOptions: auth.ReviewOptions{ReviewsPerSecond: c.accessReviewRate, ReviewBurst: c.accessReviewBurst, Logger: log, Registerer: reg},
+	})
+	return authn, authz, err
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {
@@ -331,9 +513,10 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// listenUnix listens on a Unix socket with mode 0600, replacing a stale
-// socket file left by a previous run.
-func listenUnix(path string) (net.Listener, error) {
+// listenUnix listens on a Unix socket with mode, replacing a stale socket
+// file left by a previous run. Its directory is made world-searchable so
+// that client pods that mount it reach the socket.
+func listenUnix(path string, mode os.FileMode) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
@@ -353,7 +536,7 @@ func listenUnix(path string) (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	if err := os.Chmod(path, mode); err != nil {
 		l.Close()
 		return nil, err
 	}

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/informerd/informerd/address"
@@ -20,7 +23,20 @@ func TestParseFlagsNamesTheBadFlag(t *testing.T) {
 	}{
 		{[]string{"-kubeconfig", "k"}, ""},
 		{[]string{"-listen-tcp", "127.0.0.1:7650", "-socket", ""}, ""},
-		{[]string{"-listen-tcp", "0.0.0.0:7650"}, "-listen-tcp"},
+		{[]string{"-listen-tcp", "0.0.0.0:7650"}, "-tls-cert-file"},
+		{[]string{"-listen-tcp", "0.0.0.0:7650", "-tls-cert-file", "c", "-tls-key-file", "k"}, ""},
+		{[]string{"-metrics-address", "0.0.0.0:7651"}, "-metrics-address"},
+		{[]string{"-tls-cert-file", "c"}, "-tls-key-file"},
+		{[]string{"-insecure-local-only"}, ""},
+		{[]string{"-insecure-local-only", "-listen-tcp", "127.0.0.1:7650"}, "-insecure-local-only"},
+		{[]string{"-insecure-local-only", "-metrics-address", "0.0.0.0:7651", "-tls-cert-file", "c", "-tls-key-file", "k"}, "-insecure-local-only"},
+		{[]string{"-allowed-uids", "0,1000"}, ""},
+		{[]string{"-allowed-uids", "root"}, "-allowed-uids"},
+		{[]string{"-serve-sensitive", "secrets,certificatesigningrequests.certificates.k8s.io"}, ""},
+		{[]string{"-sensitive-resources", "Bad_Name"}, "-sensitive-resources"},
+		{[]string{"-authz-deny-ttl", "0s"}, "-authz-deny-ttl"},
+		{[]string{"-max-selector-bytes", "0"}, "-max-selector-bytes"},
+		{[]string{"-health-address", "nonsense"}, "-health-address"},
 		{[]string{"-listen-tcp", "nonsense"}, "-listen-tcp"},
 		{[]string{"-socket", ""}, "-socket"},
 		{[]string{"-scope", "galaxy"}, "-scope"},
@@ -58,8 +74,12 @@ func TestParseFlagsNamesTheBadFlag(t *testing.T) {
 	}
 }
 
-func TestReadyzFollowsTheAPIServer(t *testing.T) {
+// TestReadyzFollowsTheProber: /readyz answers from the background probe,
+// and a request to /readyz never reaches the API server.
+func TestReadyzFollowsTheProber(t *testing.T) {
+	var requests atomic.Int32
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
 		if r.URL.Path != "/version" {
 			http.NotFound(w, r)
 			return
@@ -67,16 +87,29 @@ func TestReadyzFollowsTheAPIServer(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
 	}))
-	probe := func() int {
+	defer api.Close()
+	kube := kubernetes.NewForConfigOrDie(&rest.Config{Host: api.URL})
+	r := &readiness{}
+	get := func() int {
 		rec := httptest.NewRecorder()
-		readyz(&rest.Config{Host: api.URL})(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		healthHandler(r).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 		return rec.Code
 	}
-	if got := probe(); got != http.StatusOK {
-		t.Fatalf("/readyz with the API server up = %d, want 200", got)
+	if got := get(); got != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz before the first probe = %d, want 503", got)
+	}
+	r.probe(context.Background(), kube)
+	for range 10 {
+		if got := get(); got != http.StatusOK {
+			t.Fatalf("/readyz with the API server up = %d, want 200", got)
+		}
+	}
+	if n := requests.Load(); n != 1 {
+		t.Fatalf("the API server saw %d requests for one probe and ten /readyz, want 1", n)
 	}
 	api.Close()
-	if got := probe(); got != http.StatusServiceUnavailable {
+	r.probe(context.Background(), kube)
+	if got := get(); got != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz with the API server down = %d, want 503", got)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -126,6 +127,18 @@ func (r *recorder) markSynced() {
 	r.mu.Unlock()
 }
 
+// directConfig reaches the API server of kubeconfig as the ServiceAccount
+// whose token is in tokenFile, as a pod would.
+func directConfig(kubeconfig, tokenFile string) (*rest.Config, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg = rest.AnonymousClientConfig(cfg)
+	cfg.BearerTokenFile = tokenFile
+	return cfg, nil
+}
+
 // runClient is the client role: watch the resources in namespace in the
 // given mode, print "synced" once every resource is synced, and, once
 // stdin closes, wait for the expected updates (or the timeout) and print a
@@ -135,6 +148,7 @@ func runClient(args []string) error {
 	mode := fs.String("mode", modeDirect, "direct, shared-store or shared-nostore")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig (direct mode)")
 	socket := fs.String("socket", "", "informerd socket (shared modes)")
+	tokenFile := fs.String("token-file", "", "the client's ServiceAccount token: for informerd's audience (shared modes) or the API server's (direct modes)")
 	namespace := fs.String("namespace", "", "namespace to watch")
 	name := fs.String("name", "bench", "client name")
 	want := fs.Int("updates", 0, "stamped updates to wait for after stdin closes")
@@ -158,7 +172,7 @@ func runClient(args []string) error {
 	)
 	switch *mode {
 	case modeDirect:
-		cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+		cfg, err := directConfig(*kubeconfig, *tokenFile)
 		if err != nil {
 			return err
 		}
@@ -175,7 +189,7 @@ func runClient(args []string) error {
 			return err
 		}
 	case modeDirectTyped:
-		cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+		cfg, err := directConfig(*kubeconfig, *tokenFile)
 		if err != nil {
 			return err
 		}
@@ -190,7 +204,7 @@ func runClient(args []string) error {
 			return err
 		}
 	case modeSharedTyped:
-		c, err := client.Dial(*socket)
+		c, err := client.Dial(*socket, client.WithTokenFile(*tokenFile))
 		if err != nil {
 			return err
 		}
@@ -204,7 +218,7 @@ func runClient(args []string) error {
 			return err
 		}
 	case modeStore, modeNoStore:
-		c, err := client.Dial(*socket)
+		c, err := client.Dial(*socket, client.WithTokenFile(*tokenFile))
 		if err != nil {
 			return err
 		}

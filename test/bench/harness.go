@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -43,6 +45,63 @@ type harness struct {
 	w         workload
 	self      string // this binary, started in the client role
 	informerd string
+	// tokens holds the clients' token files; scraper may get the daemon's
+	// /metrics and heap profile.
+	tokens  string
+	scraper string
+}
+
+// Every client is a ServiceAccount of its own that may list and watch the
+// benchmark's resources in its namespace and nothing else, for informerd
+// as for the API server; the harness's own reader and scraper likewise.
+var (
+	readRule   = rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps", "pods"}, Verbs: []string{"list", "watch"}}
+	scrapeRule = rbacv1.PolicyRule{NonResourceURLs: []string{"/metrics", "/debug/pprof/heap"}, Verbs: []string{"get"}}
+)
+
+// identities creates the ServiceAccounts of the clients and of the
+// harness, with their grants.
+func (h *harness) identities(ctx context.Context) error {
+	admin := h.admin()
+	n := slices.Max(h.w.Clients)
+	err := parallel(ctx, n+1, func(ctx context.Context, i int) error {
+		name := clientName(i)
+		if i == n {
+			name = "snapshot"
+		}
+		if _, err := controlplane.ServiceAccountToken(ctx, admin, namespace, name); err != nil {
+			return err
+		}
+		return controlplane.Grant(ctx, admin, namespace, name, namespace, readRule)
+	})
+	if err != nil {
+		return err
+	}
+	if h.scraper, err = controlplane.ServiceAccountToken(ctx, admin, namespace, "scraper", "informerd"); err != nil {
+		return err
+	}
+	if err := controlplane.Grant(ctx, admin, namespace, "scraper", "", scrapeRule); err != nil {
+		return err
+	}
+	h.tokens, err = os.MkdirTemp("", "informerd-bench-tokens-")
+	return err
+}
+
+func clientName(i int) string { return fmt.Sprintf("client-%d", i) }
+
+// tokenFile mints a token of ServiceAccount name for audience ("" for the
+// API server) and writes it to a file.
+func (h *harness) tokenFile(ctx context.Context, name, audience string) (string, error) {
+	var auds []string
+	if audience != "" {
+		auds = []string{audience}
+	}
+	token, err := controlplane.ServiceAccountToken(ctx, h.admin(), namespace, name, auds...)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(h.tokens, name+"-"+audience)
+	return path, os.WriteFile(path, []byte(token), 0o600)
 }
 
 func (h *harness) admin() *kubernetes.Clientset {
@@ -226,8 +285,10 @@ func (h *harness) runOnce(ctx context.Context, mode string, n int) (runResult, e
 
 	var d *daemon
 	args := []string{"client", "-mode", mode, "-namespace", namespace, "-updates", strconv.Itoa(h.w.Updates)}
+	audience := "informerd"
 	if strings.HasPrefix(mode, "direct") {
 		args = append(args, "-kubeconfig", h.cp.KubeconfigPath)
+		audience = ""
 	} else {
 		if d, err = startDaemon(ctx, h.informerd, h.cp.KubeconfigPath); err != nil {
 			return r, err
@@ -237,7 +298,7 @@ func (h *harness) runOnce(ctx context.Context, mode string, n int) (runResult, e
 	}
 	heapBase := uint64(0)
 	if d != nil {
-		if heapBase, err = d.heapLive(ctx); err != nil {
+		if heapBase, err = d.heapLive(ctx, h.scraper); err != nil {
 			return r, err
 		}
 	}
@@ -251,7 +312,11 @@ func (h *harness) runOnce(ctx context.Context, mode string, n int) (runResult, e
 		}
 	}()
 	for i := range procs {
-		if procs[i], err = startClient(ctx, h.self, append(args, "-name", fmt.Sprintf("client-%d", i))); err != nil {
+		token, err := h.tokenFile(ctx, clientName(i), audience)
+		if err != nil {
+			return r, err
+		}
+		if procs[i], err = startClient(ctx, h.self, append(args, "-name", clientName(i), "-token-file", token)); err != nil {
 			return r, err
 		}
 	}
@@ -263,7 +328,7 @@ func (h *harness) runOnce(ctx context.Context, mode string, n int) (runResult, e
 		}
 	}
 	if d != nil {
-		live, err := d.heapLive(ctx)
+		live, err := d.heapLive(ctx, h.scraper)
 		if err != nil {
 			return r, err
 		}
@@ -276,7 +341,7 @@ func (h *harness) runOnce(ctx context.Context, mode string, n int) (runResult, e
 		return r, err
 	}
 	if d != nil {
-		b, err := scrape(ctx, d.metrics+"/metrics")
+		b, err := scrape(ctx, d.metrics+"/metrics", h.scraper)
 		if err != nil {
 			return r, err
 		}
@@ -432,7 +497,7 @@ func startDaemon(ctx context.Context, bin, kubeconfig string) (*daemon, error) {
 		return nil, err
 	}
 	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, err := scrape(ctx, d.metrics+"/healthz")
+		_, err := scrape(ctx, d.metrics+"/healthz", "")
 		return err == nil, nil
 	})
 	if err != nil {
@@ -446,11 +511,11 @@ func (d *daemon) pid() int { return d.cmd.Process.Pid }
 
 // heapLive forces a GC in the daemon (a heap profile with gc=1) and
 // returns the live heap that GC found.
-func (d *daemon) heapLive(ctx context.Context) (uint64, error) {
-	if _, err := scrape(ctx, d.metrics+"/debug/pprof/heap?gc=1"); err != nil {
+func (d *daemon) heapLive(ctx context.Context, token string) (uint64, error) {
+	if _, err := scrape(ctx, d.metrics+"/debug/pprof/heap?gc=1", token); err != nil {
 		return 0, err
 	}
-	b, err := scrape(ctx, d.metrics+"/metrics")
+	b, err := scrape(ctx, d.metrics+"/metrics", token)
 	if err != nil {
 		return 0, err
 	}
@@ -559,8 +624,14 @@ func (h *harness) snapshot(ctx context.Context) (snapshotResult, error) {
 		return r, err
 	}
 	defer d.stop()
-	// A holder keeps the informer synced between the measured clients.
-	hold, err := client.Dial(d.socket)
+	// A holder keeps the informer synced between the measured clients,
+	// which are one ServiceAccount: from the second on, its token and
+	// decisions are cached, as for any client that has connected before.
+	token, err := h.tokenFile(ctx, "snapshot", "informerd")
+	if err != nil {
+		return r, err
+	}
+	hold, err := client.Dial(d.socket, client.WithTokenFile(token))
 	if err != nil {
 		return r, err
 	}
@@ -577,7 +648,7 @@ func (h *harness) snapshot(ctx context.Context) (snapshotResult, error) {
 
 	shared := func(decode bool) (time.Duration, error) {
 		start := time.Now()
-		c, err := client.Dial(d.socket)
+		c, err := client.Dial(d.socket, client.WithTokenFile(token))
 		if err != nil {
 			return 0, err
 		}

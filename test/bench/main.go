@@ -107,6 +107,10 @@ func run() error {
 	if err := h.populate(ctx); err != nil {
 		return err
 	}
+	if err := h.identities(ctx); err != nil {
+		return err
+	}
+	defer os.RemoveAll(h.tokens)
 
 	rep := report{Machine: describeMachine(cp), Workload: w, Command: commandLine()}
 	for _, n := range w.Clients {

@@ -93,11 +93,14 @@ func metricSum(exposition []byte, name string, matchers ...string) float64 {
 	return total
 }
 
-// scrape fetches a plain-HTTP metrics endpoint.
-func scrape(ctx context.Context, url string) ([]byte, error) {
+// scrape fetches a plain-HTTP metrics endpoint, with token if not empty.
+func scrape(ctx context.Context, url, token string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -76,25 +77,40 @@ func run() error {
 	}
 	defer os.RemoveAll(dir)
 	socket := filepath.Join(dir, "informerd.sock")
-	say("starting informerd on %s", socket)
+	say("starting informerd on %s (every client authenticates with its own ServiceAccount token)", socket)
 	daemon := command(ctx, filepath.Join(*bin, "informerd"), "-kubeconfig", cp.KubeconfigPath, "-socket", socket, "-metrics-address", "", "-log-level", "warn")
 	daemon.Stdout, daemon.Stderr = os.Stderr, os.Stderr
 	if err := daemon.Start(); err != nil {
 		return err
 	}
 	defer terminate(daemon)
-	c, err := client.Dial(socket)
+	// The demo itself looks at every informer: it may get /informerd/informers.
+	token, err := identity(ctx, admin, ns, "demo", "", rbacv1.PolicyRule{NonResourceURLs: []string{"/informerd/informers"}, Verbs: []string{"get"}})
+	if err != nil {
+		return err
+	}
+	c, err := client.Dial(socket, client.WithToken(token))
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 
-	say("starting %d client processes: informerctl watch -resource configmaps -namespace %s", *clients, ns)
+	say("starting %d client processes: informerctl -token-file <its own> watch -resource configmaps -namespace %s", *clients, ns)
 	procs := make([]*clientProc, *clients)
 	var wg sync.WaitGroup
 	defer wg.Wait() // runs after the deferred terminations below
 	for i := range procs {
-		p, err := startClient(ctx, filepath.Join(*bin, "informerctl"), socket, ns, fmt.Sprintf("client-%d", i), &wg)
+		name := fmt.Sprintf("client-%d", i)
+		// Each client may list and watch ConfigMaps in the demo's namespace, and nothing else.
+		token, err := identity(ctx, admin, ns, name, ns, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"list", "watch"}})
+		if err != nil {
+			return err
+		}
+		tokenFile := filepath.Join(dir, name+".token")
+		if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+			return err
+		}
+		p, err := startClient(ctx, filepath.Join(*bin, "informerctl"), socket, tokenFile, ns, name, &wg)
 		if err != nil {
 			return err
 		}
@@ -168,7 +184,8 @@ func run() error {
 	fmt.Printf("objects: %d created, %d updates, %d deleted; LIST shows %d\n\n", *objects, 2**objects, *objects/4, len(want))
 
 	if *hold {
-		say("still running: KUBECONFIG=%s, informerctl -address %s informers; Ctrl-C stops everything", cp.KubeconfigPath, socket)
+		say("still running: KUBECONFIG=%s, informerctl -address %s -token-file %s informers; Ctrl-C stops everything",
+			cp.KubeconfigPath, socket, filepath.Join(dir, "client-0.token"))
 		<-ctx.Done()
 	}
 	say("stopping")
@@ -209,8 +226,8 @@ type clientProc struct {
 	events int
 }
 
-func startClient(ctx context.Context, informerctl, socket, ns, name string, wg *sync.WaitGroup) (*clientProc, error) {
-	cmd := command(ctx, informerctl, "-address", socket, "watch", "-resource", "configmaps", "-namespace", ns, "-name", name)
+func startClient(ctx context.Context, informerctl, socket, tokenFile, ns, name string, wg *sync.WaitGroup) (*clientProc, error) {
+	cmd := command(ctx, informerctl, "-address", socket, "-token-file", tokenFile, "watch", "-resource", "configmaps", "-namespace", ns, "-name", name)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -262,6 +279,16 @@ func waitFor(ctx context.Context, what string, cond func() bool) error {
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
+}
+
+// identity creates ServiceAccount ns/name with rules in namespace ("" for
+// cluster-wide ones) and returns a token for it with informerd's audience.
+func identity(ctx context.Context, admin kubernetes.Interface, ns, name, namespace string, rules ...rbacv1.PolicyRule) (string, error) {
+	token, err := controlplane.ServiceAccountToken(ctx, admin, ns, name, "informerd")
+	if err != nil {
+		return "", err
+	}
+	return token, controlplane.Grant(ctx, admin, ns, name, namespace, rules...)
 }
 
 // configMapWatches reads how many watches of configmaps the API server

@@ -27,7 +27,6 @@ import (
 	"github.com/informerd/informerd/address"
 	"github.com/informerd/informerd/cache"
 	"github.com/informerd/informerd/client"
-	"github.com/informerd/informerd/daemon"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 	"github.com/informerd/informerd/test/controlplane"
 )
@@ -41,8 +40,12 @@ var (
 	serversGVR = schema.GroupVersionResource{Group: "address.informerd.dev", Version: "v1", Resource: "servers"}
 )
 
+// readsPods is what a proxy needs to ask who is behind an address: pods in
+// every namespace.
+var readsPods = reads(schema.GroupVersionResource{Version: "v1", Resource: "pods"}, "")
+
 // withServers configures the daemon with the Server-like related kind.
-func withServers(o *daemon.Options) {
+func withServers(o *security) {
 	o.AddressRelated = []address.RelatedKind{{
 		Resource: serversGVR, SelectorPath: "spec.podSelector", PortPath: "spec.port", Fields: []string{"spec.proxyProtocol"},
 	}}
@@ -243,7 +246,7 @@ func TestAddressHostPortReplaced(t *testing.T) {
 	ns := podNamespace(ctx, t, "hostport")
 	d := startDaemon(t, cache.Options{})
 	spec := podSpec{name: "web", ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, HostPort: 31080}}}
-	s := watchAddress(t, d.dial(t), netip.AddrPortFrom(netip.MustParseAddr(nodeIP(ctx, t)), 31080).String())
+	s := watchAddress(t, d.dial(t, readsPods), netip.AddrPortFrom(netip.MustParseAddr(nodeIP(ctx, t)), 31080).String())
 	s.expect(ctx, t, "none")
 
 	first := createPod(ctx, t, ns, spec)
@@ -277,7 +280,7 @@ func TestAddressReadinessFlips(t *testing.T) {
 	ns := podNamespace(ctx, t, "ready")
 	d := startDaemon(t, cache.Options{})
 	pod := createPod(ctx, t, ns, podSpec{name: "web", labels: map[string]string{"app": "web", "v": "1"}, ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}})
-	s := watchAddress(t, d.dial(t), pod.Status.PodIP+":8080", "app")
+	s := watchAddress(t, d.dial(t, readsPods), pod.Status.PodIP+":8080", "app")
 	s.expect(ctx, t, "web Running ready=true pod_ip port=http/8080/0 app=web")
 	for i, ready := range []bool{false, true, false, true} {
 		setReady(ctx, t, ns, "web", ready)
@@ -312,7 +315,7 @@ func TestAddressRelatedObjects(t *testing.T) {
 	http := []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
 	web := createPod(ctx, t, ns, podSpec{name: "web", labels: map[string]string{"app": "web"}, ports: http})
 	createPod(ctx, t, ns, podSpec{name: "other", labels: map[string]string{"app": "other"}, ports: http})
-	s := watchAddress(t, d.dial(t), web.Status.PodIP+":8080")
+	s := watchAddress(t, d.dial(t, readsPods, reads(serversGVR, "")), web.Status.PodIP+":8080")
 	const base = "web Running ready=true pod_ip port=http/8080/0"
 	s.expect(ctx, t, base)
 
@@ -397,7 +400,7 @@ func TestAddressNobodyThenPod(t *testing.T) {
 	defer cancel()
 	ns := podNamespace(ctx, t, "nobody")
 	d := startDaemon(t, cache.Options{})
-	c := d.dial(t)
+	c := d.dial(t, readsPods)
 	addr := netip.AddrPortFrom(netip.MustParseAddr(nodeIP(ctx, t)), 31090).String()
 	s := watchAddress(t, c, addr)
 	s.expect(ctx, t, "none")
@@ -405,7 +408,7 @@ func TestAddressNobodyThenPod(t *testing.T) {
 		ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 31090}}})
 	s.expect(ctx, t, "agent Running ready=true host_port port=metrics/31090/31090")
 
-	out, err := exec.CommandContext(ctx, informerctlBin.build(t), "-address", d.socket, "address", addr, "-labels", "app").CombinedOutput()
+	out, err := exec.CommandContext(ctx, informerctlBin.build(t), "-address", d.socket, "-token-file", tokenFile(t, readsPods), "address", addr, "-labels", "app").CombinedOutput()
 	if err != nil {
 		t.Fatalf("informerctl address: %v\n%s", err, out)
 	}
@@ -442,7 +445,7 @@ func TestAddressWatcherReconnects(t *testing.T) {
 	var seen []string
 	changed := make(chan struct{}, 10)
 	reconnects := make(chan error, 100)
-	w := client.NewAddressWatcher(d.dial(t), client.AddressOptions{Address: netip.MustParseAddrPort(pod.Status.PodIP + ":8080"), ClientName: "proxy"},
+	w := client.NewAddressWatcher(d.dial(t, readsPods), client.AddressOptions{Address: netip.MustParseAddrPort(pod.Status.PodIP + ":8080"), ClientName: "proxy"},
 		func(a *informerdv1.WatchAddressResponse) {
 			mu.Lock()
 			seen = append(seen, summary(a))

@@ -73,11 +73,7 @@ func TestChaos(t *testing.T) {
 		"-kubeconfig", kubeconfig, "-scope", "namespace", "-upstream-timeout", "3s", "-log-max-events", "200", "-log-min-age", "0s")
 	recs, _ := startWatchers(ctx, t, d.socket, ns, 5)
 	for i := range 3 { // and three whose handlers check the order of updates
-		c, err := client.Dial(d.socket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
+		c := dialSocket(t, d.socket, reads(configMaps, ns))
 		r := newRecorder()
 		runWatcher(t, c, client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: fmt.Sprintf("ordered-%d", i)}, orderChecker{r, t})
 		<-r.synced
@@ -227,11 +223,7 @@ type selectorInformer struct {
 
 func runSelectorInformer(ctx context.Context, t *testing.T, socket, ns, selector, name string) *selectorInformer {
 	t.Helper()
-	c, err := client.Dial(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := dialSocket(t, socket, reads(configMaps, ns))
 	lw := client.NewListerWatcher(c, client.WatchOptions{Resource: configMaps, Namespace: ns, LabelSelector: selector, ClientName: name})
 	si := &selectorInformer{inf: toolscache.NewSharedIndexInformer(lw, &unstructured.Unstructured{}, 0, toolscache.Indexers{}),
 		have: map[string]bool{}, changed: make(chan struct{})}

@@ -35,7 +35,7 @@ func TestDynamicClientServesInformersAndStatusWatcher(t *testing.T) {
 	createConfigMap(ctx, t, ns, "first", nil)
 	d := startDaemon(t, cache.Options{})
 	real := dynamic.NewForConfigOrDie(env.RESTConfig())
-	dyn := client.NewDynamicClient(d.dial(t), "dynamic-e2e", real)
+	dyn := client.NewDynamicClient(d.dial(t, reads(configMaps, ns)), "dynamic-e2e", real)
 
 	// Get is served from the daemon's snapshot; writes go to the writer.
 	got, err := dyn.Resource(configMaps).Namespace(ns).Get(ctx, "first", metav1.GetOptions{})
@@ -45,7 +45,7 @@ func TestDynamicClientServesInformersAndStatusWatcher(t *testing.T) {
 	if _, err := dyn.Resource(configMaps).Namespace(ns).Get(ctx, "absent", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("Get of a missing object = %v, want NotFound", err)
 	}
-	readOnly := client.NewDynamicClient(d.dial(t), "read-only", nil)
+	readOnly := client.NewDynamicClient(d.dial(t, reads(configMaps, ns)), "read-only", nil)
 	if err := readOnly.Resource(configMaps).Namespace(ns).Delete(ctx, "first", metav1.DeleteOptions{}); !apierrors.IsMethodNotSupported(err) {
 		t.Fatalf("Delete without a writer = %v, want MethodNotAllowed", err)
 	}

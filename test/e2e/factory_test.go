@@ -70,7 +70,7 @@ func TestInformerFactory(t *testing.T) {
 	}
 	s.AddKnownTypeWithName(schema.GroupVersionKind{Group: gadgets.Group, Version: "v1", Kind: "Gadget"}, &gadget{})
 	d := startDaemon(t, cache.Options{})
-	f := client.NewInformerFactory(d.dial(t), client.FactoryOptions{
+	f := client.NewInformerFactory(d.dial(t, reads(configMaps, ns), reads(gadgets, ns)), client.FactoryOptions{
 		Namespace: ns, Scheme: s, ClientName: "factory",
 		TweakListOptions: func(o *metav1.ListOptions) { o.LabelSelector = "pick=yes" },
 	})

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/informerd/informerd/test/controlplane"
 )
 
 // binary is a command of this module, built once per test binary.
@@ -61,10 +63,14 @@ type daemonProc struct {
 	args    []string
 	cmd     *exec.Cmd
 	done    chan struct{}
+	// scraper is a token allowed to get /metrics and the heap profile,
+	// made on first use.
+	scraper string
 }
 
 // startDaemonProcess starts the informerd binary against the test control
-// plane with extra flags, on a socket in a temporary directory.
+// plane with extra flags, on a socket in a temporary directory. It serves
+// the fake node with authentication on (the reviews as the admin).
 func startDaemonProcess(t *testing.T, socket string, flags ...string) *daemonProc {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -73,7 +79,8 @@ func startDaemonProcess(t *testing.T, socket string, flags ...string) *daemonPro
 	}
 	addr := l.Addr().String()
 	l.Close()
-	args := append([]string{"-kubeconfig", env.KubeconfigPath, "-socket", socket, "-metrics-address", addr, "-log-level", "warn"}, flags...)
+	args := append([]string{"-kubeconfig", env.KubeconfigPath, "-socket", socket, "-metrics-address", addr, "-log-level", "warn",
+		"-node-name", controlplane.FakeNodeName}, flags...)
 	d := &daemonProc{t: t, socket: socket, metrics: "http://" + addr, args: args}
 	d.start()
 	t.Cleanup(func() { d.signal(syscall.SIGTERM) })
@@ -121,13 +128,31 @@ func (d *daemonProc) signal(sig syscall.Signal) {
 	}
 }
 
-// metric reads one unlabeled sample from the daemon's /metrics.
-func (d *daemonProc) metric(name string) float64 {
+// scrape GETs path from the daemon's HTTP endpoint as a caller allowed to
+// get /metrics and /debug/pprof/heap; the caller closes the body.
+func (d *daemonProc) scrape(path string) *http.Response {
 	d.t.Helper()
-	resp, err := http.Get(d.metrics + "/metrics")
+	if d.scraper == "" {
+		d.scraper = identity(d.t, permission{path: "/metrics"}, permission{path: "/debug/pprof/heap"})
+	}
+	req, _ := http.NewRequest(http.MethodGet, d.metrics+path, nil)
+	req.Header.Set("Authorization", "Bearer "+d.scraper)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		d.t.Fatal(err)
 	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		d.t.Fatalf("GET %s: %s", path, resp.Status)
+	}
+	return resp
+}
+
+// metric reads one unlabeled sample from the daemon's /metrics, as a
+// caller allowed to.
+func (d *daemonProc) metric(name string) float64 {
+	d.t.Helper()
+	resp := d.scrape("/metrics")
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {

@@ -44,8 +44,9 @@ func TestProtobufEncoding(t *testing.T) {
 			}
 		}
 	}
+	widgets := schema.GroupVersionResource{Group: "pb.informerd.io", Version: "v1", Resource: "widgets"}
 	d := startDaemon(t, cache.Options{})
-	c := d.dial(t)
+	c := d.dial(t, reads(configMaps, ns), reads(widgets, ns), introspects)
 	decoder := scheme.Codecs.UniversalDeserializer()
 
 	// snapshot returns the objects of a stream's snapshot from c.
@@ -157,7 +158,7 @@ func TestProtobufEncoding(t *testing.T) {
 
 	// Without WatchList the daemon LISTs: in protobuf too.
 	plain := startDaemon(t, cache.Options{DisableWatchList: true})
-	listed := snapshot(plain.dial(t), client.WatchOptions{Resource: configMaps, Namespace: ns, Protobuf: true, ClientName: "pb-list"})
+	listed := snapshot(plain.dial(t, reads(configMaps, ns)), client.WatchOptions{Resource: configMaps, Namespace: ns, Protobuf: true, ClientName: "pb-list"})
 	if len(listed) != len(want) {
 		t.Fatalf("protobuf LIST gave %d objects, want %d", len(listed), len(want))
 	}
@@ -170,7 +171,6 @@ func TestProtobufEncoding(t *testing.T) {
 	// A custom resource has no protobuf encoding: it comes as JSON, and a
 	// typed ListerWatcher hands it out as Unstructured.
 	dyn := dynamic.NewForConfigOrDie(env.RESTConfig())
-	widgets := schema.GroupVersionResource{Group: "pb.informerd.io", Version: "v1", Resource: "widgets"}
 	createCRD(ctx, t, dyn, widgets, "Widget")
 	w := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "pb.informerd.io/v1", "kind": "Widget",
 		"metadata": map[string]any{"name": "w"}, "spec": map[string]any{"size": int64(3)}}}

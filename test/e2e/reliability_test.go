@@ -43,11 +43,7 @@ func startWatchers(ctx context.Context, t *testing.T, socket, ns string, n int) 
 	recs := make([]*recorder, n)
 	ws := make([]*client.Watcher, n)
 	for i := range n {
-		c, err := client.Dial(socket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
+		c := dialSocket(t, socket, reads(configMaps, ns))
 		recs[i] = newRecorder()
 		ws[i] = runWatcher(t, c, client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: fmt.Sprintf("w%d", i)}, recs[i])
 	}
@@ -200,6 +196,32 @@ func TestAPIServerDown(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	d := startDaemon(t, cache.Options{Scope: cache.ScopeNamespace, Registerer: reg})
 	recs, ws := startWatchers(ctx, t, d.socket, ns, 3)
+	// A client that the daemon has authenticated and authorized before the
+	// outage: its answers are cached. A new caller could not be checked
+	// while the API server is away (it would get UNAVAILABLE).
+	late := d.dial(t, reads(configMaps, ns))
+	lateOpts := client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "during-outage"}
+	readSnapshot := func() error {
+		s, err := late.Stream(ctx, lateOpts, "")
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		for {
+			evs, err := s.Recv()
+			if err != nil {
+				return err
+			}
+			for _, ev := range evs {
+				if ev.GetType() == informerdv1.EventType_EVENT_TYPE_SYNCED {
+					return nil
+				}
+			}
+		}
+	}
+	if err := readSnapshot(); err != nil {
+		t.Fatal(err)
+	}
 
 	env.StopAPIServer()
 	downAt := time.Now()
@@ -208,27 +230,16 @@ func TestAPIServerDown(t *testing.T) {
 		src := d.mgr.Sources()
 		return len(src) == 1 && src[0].State == cache.StateStale && gauge(t, reg, "informerd_sources_stale") == 1
 	})
-	// Still serving: a new client gets the last known state and SYNCED.
-	s, err := d.dial(t).Stream(ctx, client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "during-outage"}, "")
-	if err != nil {
-		t.Fatal(err)
+	// Still serving: a new stream gets the last known state and SYNCED.
+	if err := readSnapshot(); err != nil {
+		t.Fatalf("a new stream during the outage: %v", err)
 	}
-	synced := false
-	for !synced {
-		evs, err := s.Recv()
-		if err != nil {
-			t.Fatalf("a client during the outage: %v", err)
-		}
-		for _, ev := range evs {
-			synced = synced || ev.GetType() == informerdv1.EventType_EVENT_TYPE_SYNCED
-		}
-	}
-	s.Close()
 
 	// Stay down for outage (10 s, or $INFORMERD_E2E_OUTAGE), then count the
 	// watch attempts: backoff from 0.8 s doubling, so a handful, not a loop.
 	outage := 10 * time.Second
 	if v := os.Getenv("INFORMERD_E2E_OUTAGE"); v != "" {
+		var err error
 		if outage, err = time.ParseDuration(v); err != nil {
 			t.Fatalf("INFORMERD_E2E_OUTAGE: %v", err)
 		}
@@ -315,15 +326,10 @@ func TestChurningClients(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 20)
 	for g := range 20 {
+		c := d.dial(t, reads(configMaps, ns))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := client.Dial(d.socket)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer c.Close()
 			for range 10 {
 				s, err := c.Stream(ctx, client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: fmt.Sprintf("churn-%d", g)}, "")
 				if err != nil {

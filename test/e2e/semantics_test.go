@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,7 +35,7 @@ func TestFieldSelectorRejectedByTheAPIServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	d := startDaemon(t, cache.Options{})
-	c := d.dial(t)
+	c := d.dial(t, reads(configMaps, ""))
 	opts := client.WatchOptions{Resource: configMaps, FieldSelector: "spec.nonsense=x", ClientName: "bad-field"}
 	s, err := c.Stream(ctx, opts, "")
 	if err != nil {
@@ -97,7 +96,7 @@ func TestStalledSnapshotReadersAreBounded(t *testing.T) {
 		"-log-max-events", "1000", "-log-min-age", "0s", "-enable-pprof", "-stream-write-timeout", timeout.String())
 	opts := client.WatchOptions{Resource: configMaps, Namespace: ns}
 	bystander := newRecorder()
-	runWatcher(t, dialSocket(t, d.socket), withName(opts, "bystander"), bystander)
+	runWatcher(t, dialSocket(t, d.socket, reads(configMaps, ns)), withName(opts, "bystander"), bystander)
 	<-bystander.synced
 	base := d.liveHeap()
 
@@ -105,7 +104,7 @@ func TestStalledSnapshotReadersAreBounded(t *testing.T) {
 	// while every object is rewritten.
 	var stalled []*client.Stream
 	for i := range 3 {
-		s, err := dialSocket(t, d.socket).Stream(ctx, withName(opts, fmt.Sprintf("stalled-%d", i)), "")
+		s, err := dialSocket(t, d.socket, reads(configMaps, ns)).Stream(ctx, withName(opts, fmt.Sprintf("stalled-%d", i)), "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,9 +175,12 @@ func TestExpensiveSelectorsDoNotStallBystanders(t *testing.T) {
 	for i := range 10 {
 		createConfigMap(ctx, t, mine, fmt.Sprintf("lat-%d", i), map[string]string{"ts": "0"})
 	}
-	d := startDaemonProcess(t, filepath.Join(t.TempDir(), "informerd.sock"), "-scope", "cluster")
+	// Selectors and requests this large are over informerd's default
+	// limits: raised, so that the attack reaches the filters.
+	d := startDaemonProcess(t, filepath.Join(t.TempDir(), "informerd.sock"), "-scope", "cluster",
+		"-max-selector-bytes", "131072", "-max-request-bytes", "262144")
 	lat := newLatencies()
-	runWatcher(t, dialSocket(t, d.socket), client.WatchOptions{Resource: configMaps, Namespace: mine, ClientName: "bystander"}, lat)
+	runWatcher(t, dialSocket(t, d.socket, reads(configMaps, mine)), client.WatchOptions{Resource: configMaps, Namespace: mine, ClientName: "bystander"}, lat)
 	<-lat.synced
 	lat.take(ctx, t, 10)
 	measure := func(n int) []time.Duration {
@@ -204,10 +206,10 @@ func TestExpensiveSelectorsDoNotStallBystanders(t *testing.T) {
 	var wg sync.WaitGroup
 	var snapshots sync.Map
 	for a := range 4 {
+		c := dialSocket(t, d.socket, reads(configMaps, ""))
 		wg.Add(1)
 		go func() { // ends with actx
 			defer wg.Done()
-			c := dialSocket(t, d.socket)
 			n := 0
 			for actx.Err() == nil {
 				s, err := c.Stream(actx, client.WatchOptions{Resource: configMaps, LabelSelector: sel, ClientName: "attacker"}, "")
@@ -251,7 +253,7 @@ func TestReconnectAfterDaemonOutage(t *testing.T) {
 	defer cancel()
 	ns := createNamespace(ctx, t, "outage")
 	d := startDaemonProcess(t, filepath.Join(t.TempDir(), "informerd.sock"), "-scope", "namespace")
-	c := dialSocket(t, d.socket)
+	c := dialSocket(t, d.socket, reads(configMaps, ns))
 	for _, o := range strings.Split(outages, ",") {
 		outage, err := time.ParseDuration(o)
 		if err != nil {
@@ -323,17 +325,6 @@ func parallel(ctx context.Context, t *testing.T, n int, f func(i int) error) {
 	}
 }
 
-// dialSocket dials a daemon's socket, closed when the test ends.
-func dialSocket(t *testing.T, socket string) *client.Client {
-	t.Helper()
-	c, err := client.Dial(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 func withName(o client.WatchOptions, name string) client.WatchOptions {
 	o.ClientName = name
 	return o
@@ -349,10 +340,7 @@ func p50(ds []time.Duration) time.Duration {
 // returns the heap it then holds.
 func (d *daemonProc) liveHeap() float64 {
 	d.t.Helper()
-	resp, err := http.Get(d.metrics + "/debug/pprof/heap?gc=1")
-	if err != nil {
-		d.t.Fatal(err)
-	}
+	resp := d.scrape("/debug/pprof/heap?gc=1")
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return d.metric("go_memstats_heap_alloc_bytes")

@@ -185,7 +185,7 @@ func TestOneUpstreamWatchForManyClients(t *testing.T) {
 	start := func(name, ns string) {
 		r := newRecorder()
 		recs = append(recs, r)
-		runWatcher(t, d.dial(t), client.WatchOptions{Resource: gadgets, Namespace: ns, ClientName: name}, r)
+		runWatcher(t, d.dial(t, reads(gadgets, ns)), client.WatchOptions{Resource: gadgets, Namespace: ns, ClientName: name}, r)
 		select {
 		case <-r.synced:
 		case <-ctx.Done():
@@ -233,7 +233,7 @@ func TestOneUpstreamWatchForManyClients(t *testing.T) {
 	}
 
 	// Introspection tells the same story: one informer, 21 holders.
-	resp, err := d.dial(t).API().ListInformers(ctx, &informerdv1.ListInformersRequest{})
+	resp, err := d.dial(t, introspects).API().ListInformers(ctx, &informerdv1.ListInformersRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func TestListerWatcherMatchesDirectInformer(t *testing.T) {
 	socket := filepath.Join(t.TempDir(), "informerd.sock")
 	d := startDaemonAt(t, socket, cache.Options{})
 
-	lw := client.NewListerWatcher(d.dial(t), client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "lw"})
+	lw := client.NewListerWatcher(d.dial(t, reads(configMaps, ns)), client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "lw"})
 	shared := toolscache.NewSharedIndexInformer(lw, &unstructured.Unstructured{}, 0, toolscache.Indexers{})
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dynamic.NewForConfigOrDie(env.RESTConfig()), 0, ns, nil)
 	direct := factory.ForResource(configMaps).Informer()
@@ -339,7 +339,7 @@ func TestResume(t *testing.T) {
 			}
 			// Namespace scope: other tests' churn stays out of this log.
 			d := startDaemon(t, cache.Options{Log: tc.limits, Scope: cache.ScopeNamespace})
-			c := d.dial(t)
+			c := d.dial(t, reads(configMaps, ns))
 			opts := client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "resumer"}
 			s, err := c.Stream(ctx, opts, "")
 			if err != nil {
@@ -428,7 +428,7 @@ func TestResetGivesHandlersOnlyNetChanges(t *testing.T) {
 	// Namespace scope: other tests' churn stays out of this log.
 	d1 := startDaemon(t, cache.Options{Scope: cache.ScopeNamespace, Log: cache.LogLimits{MaxEvents: 1, MinAge: -1, MaxTombstones: 1}})
 	r := newRecorder()
-	c := d1.dial(t)
+	c := d1.dial(t, reads(configMaps, ns))
 	ctxW, stopW := context.WithCancel(ctx)
 	w := client.NewWatcher(c, client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "net"}, r, client.WatcherOptions{Backoff: client.Backoff{Initial: 10 * time.Millisecond}})
 	done := make(chan error, 1)
@@ -482,7 +482,7 @@ func TestLingerAndRefCount(t *testing.T) {
 	ns := createNamespace(ctx, t, "linger")
 	const ttl = 3 * time.Second
 	d := startDaemon(t, cache.Options{LingerTTL: ttl, DisableWatchList: true})
-	c := d.dial(t)
+	c := d.dial(t, reads(gvr, ns))
 	opts := client.WatchOptions{Resource: gvr, Namespace: ns, ClientName: "lingerer"}
 
 	listsBefore := upstreamLists(ctx, t, gvr)
@@ -537,7 +537,7 @@ func TestCRDLifecycle(t *testing.T) {
 	dyn := dynamic.NewForConfigOrDie(env.RESTConfig())
 	gvr := schema.GroupVersionResource{Group: "late.informerd.dev", Version: "v1", Resource: "sprockets"}
 	d := startDaemon(t, cache.Options{})
-	c := d.dial(t)
+	c := d.dial(t, reads(gvr, ""))
 
 	// Without waiting, an unknown resource is NOT_FOUND at once.
 	s, err := c.Stream(ctx, client.WatchOptions{Resource: gvr}, "")
@@ -611,10 +611,10 @@ func TestBadRequests(t *testing.T) {
 	ns := createNamespace(ctx, t, "bad")
 	d := startDaemon(t, cache.Options{})
 	good := newRecorder()
-	runWatcher(t, d.dial(t), client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "bystander"}, good)
+	runWatcher(t, d.dial(t, reads(configMaps, ns)), client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "bystander"}, good)
 	<-good.synced
 
-	c := d.dial(t)
+	c := d.dial(t, reads(configMaps, ""))
 	tests := []struct {
 		name     string
 		opts     client.WatchOptions
@@ -660,7 +660,7 @@ func TestUpstreamUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startDaemon(t, cache.Options{Config: env.TokenConfig(token)})
-	s, err := d.dial(t).Stream(ctx, client.WatchOptions{Resource: configMaps, Namespace: ns}, "")
+	s, err := d.dial(t, reads(configMaps, ns)).Stream(ctx, client.WatchOptions{Resource: configMaps, Namespace: ns}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -684,7 +684,7 @@ func TestNamespaceScopeStrategy(t *testing.T) {
 	d := startDaemon(t, cache.Options{Scope: cache.ScopeNamespace})
 	start := func(ns string) {
 		r := newRecorder()
-		runWatcher(t, d.dial(t), client.WatchOptions{Resource: gvr, Namespace: ns, ClientName: "scoped-" + ns}, r)
+		runWatcher(t, d.dial(t, reads(gvr, ns)), client.WatchOptions{Resource: gvr, Namespace: ns, ClientName: "scoped-" + ns}, r)
 		<-r.synced
 	}
 	start(nss[0])

@@ -103,11 +103,7 @@ func TestSlowClientIsBounded(t *testing.T) {
 
 	fast := make([]*latencies, 5)
 	for i := range fast {
-		c, err := client.Dial(d.socket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
+		c := dialSocket(t, d.socket, reads(configMaps, ns))
 		fast[i] = newLatencies()
 		o := opts
 		o.ClientName = fmt.Sprintf("fast-%d", i)
@@ -142,11 +138,7 @@ func TestSlowClientIsBounded(t *testing.T) {
 	heapBefore := d.metric("go_memstats_heap_inuse_bytes")
 
 	// The slow client reads its snapshot, then nothing.
-	sc, err := client.Dial(d.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sc.Close()
+	sc := dialSocket(t, d.socket, reads(configMaps, ns))
 	o := opts
 	o.ClientName = "slow"
 	slow, err := sc.Stream(ctx, o, "")

@@ -36,7 +36,7 @@ import (
 // statusWatcher returns a StatusWatcher of the daemon for one applier.
 func (d *testDaemon) statusWatcher(t *testing.T, name string) watcher.StatusWatcher {
 	t.Helper()
-	return client.NewStatusWatcher(d.dial(t), client.StatusWatcherOptions{
+	return client.NewStatusWatcher(d.dial(t, readsAll), client.StatusWatcherOptions{
 		ClientName: name, Backoff: client.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond},
 		OnError: func(err error) { t.Logf("status watcher %s reconnects after: %v", name, err) },
 	})
@@ -425,8 +425,9 @@ func TestInformerctlStatus(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "app.yaml"), []byte(manifest), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	token := tokenFile(t, readsAll)
 	run := func() (stdout, stderr string, code int) {
-		cmd := exec.CommandContext(ctx, informerctlBin.build(t), "-address", d.socket, "status", "-f", dir, "-namespace", ns, "-timeout", "5s")
+		cmd := exec.CommandContext(ctx, informerctlBin.build(t), "-address", d.socket, "-token-file", token, "status", "-f", dir, "-namespace", ns, "-timeout", "5s")
 		var o, e strings.Builder
 		cmd.Stdout, cmd.Stderr = &o, &e
 		err := cmd.Run()

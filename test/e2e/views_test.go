@@ -19,7 +19,7 @@ func TestViewsAndKind(t *testing.T) {
 	ns := createNamespace(ctx, t, "views")
 	createConfigMap(ctx, t, ns, "payload", map[string]string{"secret-sauce": "ketchup"})
 	d := startDaemon(t, cache.Options{})
-	c := d.dial(t)
+	c := d.dial(t, reads(configMaps, ns))
 
 	first := func(opts client.WatchOptions) string {
 		t.Helper()

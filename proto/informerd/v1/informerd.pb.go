@@ -1037,7 +1037,11 @@ type Informer struct {
 	// encoding is how the informer watches and keeps objects: ENCODING_JSON,
 	// or ENCODING_PROTOBUF for built-in types that protobuf clients asked
 	// for.
-	Encoding      Encoding `protobuf:"varint,12,opt,name=encoding,proto3,enum=informerd.v1.Encoding" json:"encoding,omitempty"`
+	Encoding Encoding `protobuf:"varint,12,opt,name=encoding,proto3,enum=informerd.v1.Encoding" json:"encoding,omitempty"`
+	// subscribers are the open streams on the informer that the caller may
+	// see: all of them for a caller allowed get on /informerd/informers,
+	// else its own.
+	Subscribers   []*Subscriber `protobuf:"bytes,13,rep,name=subscribers,proto3" json:"subscribers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1156,6 +1160,80 @@ func (x *Informer) GetEncoding() Encoding {
 	return Encoding_ENCODING_UNSPECIFIED
 }
 
+func (x *Informer) GetSubscribers() []*Subscriber {
+	if x != nil {
+		return x.Subscribers
+	}
+	return nil
+}
+
+// Subscriber is one open stream and who opened it.
+type Subscriber struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// client_name is the name the client gave in its request.
+	ClientName string `protobuf:"bytes,1,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
+	// user is the authenticated caller (for example
+	// system:serviceaccount:ns:name), or its Unix socket uid in the
+	// daemon's insecure local-only mode.
+	User string `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	// peer is what the transport says about the caller's process: uid, gid
+	// and pid on the Unix socket (SO_PEERCRED), the IP over TCP.
+	Peer          string `protobuf:"bytes,3,opt,name=peer,proto3" json:"peer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Subscriber) Reset() {
+	*x = Subscriber{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Subscriber) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Subscriber) ProtoMessage() {}
+
+func (x *Subscriber) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Subscriber.ProtoReflect.Descriptor instead.
+func (*Subscriber) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Subscriber) GetClientName() string {
+	if x != nil {
+		return x.ClientName
+	}
+	return ""
+}
+
+func (x *Subscriber) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *Subscriber) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
 // WatchAddressRequest names the address to watch.
 type WatchAddressRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1174,7 +1252,7 @@ type WatchAddressRequest struct {
 
 func (x *WatchAddressRequest) Reset() {
 	*x = WatchAddressRequest{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[9]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1264,7 @@ func (x *WatchAddressRequest) String() string {
 func (*WatchAddressRequest) ProtoMessage() {}
 
 func (x *WatchAddressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[9]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1277,7 @@ func (x *WatchAddressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAddressRequest.ProtoReflect.Descriptor instead.
 func (*WatchAddressRequest) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{9}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchAddressRequest) GetIp() string {
@@ -1253,7 +1331,7 @@ type WatchAddressResponse struct {
 
 func (x *WatchAddressResponse) Reset() {
 	*x = WatchAddressResponse{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[10]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1265,7 +1343,7 @@ func (x *WatchAddressResponse) String() string {
 func (*WatchAddressResponse) ProtoMessage() {}
 
 func (x *WatchAddressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[10]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1278,7 +1356,7 @@ func (x *WatchAddressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAddressResponse.ProtoReflect.Descriptor instead.
 func (*WatchAddressResponse) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{10}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WatchAddressResponse) GetPod() *AddressPod {
@@ -1342,7 +1420,7 @@ type AddressPod struct {
 
 func (x *AddressPod) Reset() {
 	*x = AddressPod{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[11]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1432,7 @@ func (x *AddressPod) String() string {
 func (*AddressPod) ProtoMessage() {}
 
 func (x *AddressPod) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[11]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1445,7 @@ func (x *AddressPod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddressPod.ProtoReflect.Descriptor instead.
 func (*AddressPod) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{11}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AddressPod) GetNamespace() string {
@@ -1441,7 +1519,7 @@ type PodOwner struct {
 
 func (x *PodOwner) Reset() {
 	*x = PodOwner{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[12]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1531,7 @@ func (x *PodOwner) String() string {
 func (*PodOwner) ProtoMessage() {}
 
 func (x *PodOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[12]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1544,7 @@ func (x *PodOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodOwner.ProtoReflect.Descriptor instead.
 func (*PodOwner) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{12}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PodOwner) GetApiVersion() string {
@@ -1509,7 +1587,7 @@ type AddressPort struct {
 
 func (x *AddressPort) Reset() {
 	*x = AddressPort{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[13]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1521,7 +1599,7 @@ func (x *AddressPort) String() string {
 func (*AddressPort) ProtoMessage() {}
 
 func (x *AddressPort) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[13]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1534,7 +1612,7 @@ func (x *AddressPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddressPort.ProtoReflect.Descriptor instead.
 func (*AddressPort) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{13}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AddressPort) GetContainer() string {
@@ -1591,7 +1669,7 @@ type RelatedObject struct {
 
 func (x *RelatedObject) Reset() {
 	*x = RelatedObject{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +1681,7 @@ func (x *RelatedObject) String() string {
 func (*RelatedObject) ProtoMessage() {}
 
 func (x *RelatedObject) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +1694,7 @@ func (x *RelatedObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelatedObject.ProtoReflect.Descriptor instead.
 func (*RelatedObject) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{14}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RelatedObject) GetResource() *GroupVersionResource {
@@ -1664,7 +1742,7 @@ type ObjectReference struct {
 
 func (x *ObjectReference) Reset() {
 	*x = ObjectReference{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1676,7 +1754,7 @@ func (x *ObjectReference) String() string {
 func (*ObjectReference) ProtoMessage() {}
 
 func (x *ObjectReference) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1689,7 +1767,7 @@ func (x *ObjectReference) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectReference.ProtoReflect.Descriptor instead.
 func (*ObjectReference) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{15}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ObjectReference) GetGroup() string {
@@ -1736,7 +1814,7 @@ type WatchStatusRequest struct {
 
 func (x *WatchStatusRequest) Reset() {
 	*x = WatchStatusRequest{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1748,7 +1826,7 @@ func (x *WatchStatusRequest) String() string {
 func (*WatchStatusRequest) ProtoMessage() {}
 
 func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1761,7 +1839,7 @@ func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchStatusRequest) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{16}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchStatusRequest) GetObjects() []*ObjectReference {
@@ -1796,7 +1874,7 @@ type WatchStatusResponse struct {
 
 func (x *WatchStatusResponse) Reset() {
 	*x = WatchStatusResponse{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1808,7 +1886,7 @@ func (x *WatchStatusResponse) String() string {
 func (*WatchStatusResponse) ProtoMessage() {}
 
 func (x *WatchStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1821,7 +1899,7 @@ func (x *WatchStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStatusResponse.ProtoReflect.Descriptor instead.
 func (*WatchStatusResponse) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{17}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WatchStatusResponse) GetEvents() []*StatusEvent {
@@ -1844,7 +1922,7 @@ type StatusEvent struct {
 
 func (x *StatusEvent) Reset() {
 	*x = StatusEvent{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1856,7 +1934,7 @@ func (x *StatusEvent) String() string {
 func (*StatusEvent) ProtoMessage() {}
 
 func (x *StatusEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1869,7 +1947,7 @@ func (x *StatusEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusEvent.ProtoReflect.Descriptor instead.
 func (*StatusEvent) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{18}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StatusEvent) GetType() StatusEventType {
@@ -1919,7 +1997,7 @@ type ResourceStatus struct {
 
 func (x *ResourceStatus) Reset() {
 	*x = ResourceStatus{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1931,7 +2009,7 @@ func (x *ResourceStatus) String() string {
 func (*ResourceStatus) ProtoMessage() {}
 
 func (x *ResourceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1944,7 +2022,7 @@ func (x *ResourceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceStatus.ProtoReflect.Descriptor instead.
 func (*ResourceStatus) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{19}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ResourceStatus) GetObject() *ObjectReference {
@@ -2054,7 +2132,7 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"\x16\n" +
 	"\x14ListInformersRequest\"M\n" +
 	"\x15ListInformersResponse\x124\n" +
-	"\tinformers\x18\x01 \x03(\v2\x16.informerd.v1.InformerR\tinformers\"\xb3\x03\n" +
+	"\tinformers\x18\x01 \x03(\v2\x16.informerd.v1.InformerR\tinformers\"\xef\x03\n" +
 	"\bInformer\x12>\n" +
 	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -2068,7 +2146,14 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x0emax_lag_events\x18\n" +
 	" \x01(\x03R\fmaxLagEvents\x12\x18\n" +
 	"\amessage\x18\v \x01(\tR\amessage\x122\n" +
-	"\bencoding\x18\f \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding\"y\n" +
+	"\bencoding\x18\f \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding\x12:\n" +
+	"\vsubscribers\x18\r \x03(\v2\x18.informerd.v1.SubscriberR\vsubscribers\"U\n" +
+	"\n" +
+	"Subscriber\x12\x1f\n" +
+	"\vclient_name\x18\x01 \x01(\tR\n" +
+	"clientName\x12\x12\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\x12\x12\n" +
+	"\x04peer\x18\x03 \x01(\tR\x04peer\"y\n" +
 	"\x13WatchAddressRequest\x12\x0e\n" +
 	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1d\n" +
@@ -2199,7 +2284,7 @@ func file_informerd_v1_informerd_proto_rawDescGZIP() []byte {
 }
 
 var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_informerd_v1_informerd_proto_goTypes = []any{
 	(Encoding)(0),                 // 0: informerd.v1.Encoding
 	(View)(0),                     // 1: informerd.v1.View
@@ -2217,19 +2302,20 @@ var file_informerd_v1_informerd_proto_goTypes = []any{
 	(*ListInformersRequest)(nil),  // 13: informerd.v1.ListInformersRequest
 	(*ListInformersResponse)(nil), // 14: informerd.v1.ListInformersResponse
 	(*Informer)(nil),              // 15: informerd.v1.Informer
-	(*WatchAddressRequest)(nil),   // 16: informerd.v1.WatchAddressRequest
-	(*WatchAddressResponse)(nil),  // 17: informerd.v1.WatchAddressResponse
-	(*AddressPod)(nil),            // 18: informerd.v1.AddressPod
-	(*PodOwner)(nil),              // 19: informerd.v1.PodOwner
-	(*AddressPort)(nil),           // 20: informerd.v1.AddressPort
-	(*RelatedObject)(nil),         // 21: informerd.v1.RelatedObject
-	(*ObjectReference)(nil),       // 22: informerd.v1.ObjectReference
-	(*WatchStatusRequest)(nil),    // 23: informerd.v1.WatchStatusRequest
-	(*WatchStatusResponse)(nil),   // 24: informerd.v1.WatchStatusResponse
-	(*StatusEvent)(nil),           // 25: informerd.v1.StatusEvent
-	(*ResourceStatus)(nil),        // 26: informerd.v1.ResourceStatus
-	nil,                           // 27: informerd.v1.AddressPod.LabelsEntry
-	nil,                           // 28: informerd.v1.RelatedObject.FieldsEntry
+	(*Subscriber)(nil),            // 16: informerd.v1.Subscriber
+	(*WatchAddressRequest)(nil),   // 17: informerd.v1.WatchAddressRequest
+	(*WatchAddressResponse)(nil),  // 18: informerd.v1.WatchAddressResponse
+	(*AddressPod)(nil),            // 19: informerd.v1.AddressPod
+	(*PodOwner)(nil),              // 20: informerd.v1.PodOwner
+	(*AddressPort)(nil),           // 21: informerd.v1.AddressPort
+	(*RelatedObject)(nil),         // 22: informerd.v1.RelatedObject
+	(*ObjectReference)(nil),       // 23: informerd.v1.ObjectReference
+	(*WatchStatusRequest)(nil),    // 24: informerd.v1.WatchStatusRequest
+	(*WatchStatusResponse)(nil),   // 25: informerd.v1.WatchStatusResponse
+	(*StatusEvent)(nil),           // 26: informerd.v1.StatusEvent
+	(*ResourceStatus)(nil),        // 27: informerd.v1.ResourceStatus
+	nil,                           // 28: informerd.v1.AddressPod.LabelsEntry
+	nil,                           // 29: informerd.v1.RelatedObject.FieldsEntry
 }
 var file_informerd_v1_informerd_proto_depIdxs = []int32{
 	7,  // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
@@ -2243,37 +2329,38 @@ var file_informerd_v1_informerd_proto_depIdxs = []int32{
 	15, // 8: informerd.v1.ListInformersResponse.informers:type_name -> informerd.v1.Informer
 	7,  // 9: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
 	0,  // 10: informerd.v1.Informer.encoding:type_name -> informerd.v1.Encoding
-	18, // 11: informerd.v1.WatchAddressResponse.pod:type_name -> informerd.v1.AddressPod
-	3,  // 12: informerd.v1.WatchAddressResponse.match:type_name -> informerd.v1.AddressMatch
-	20, // 13: informerd.v1.WatchAddressResponse.port:type_name -> informerd.v1.AddressPort
-	21, // 14: informerd.v1.WatchAddressResponse.related:type_name -> informerd.v1.RelatedObject
-	19, // 15: informerd.v1.AddressPod.owner:type_name -> informerd.v1.PodOwner
-	27, // 16: informerd.v1.AddressPod.labels:type_name -> informerd.v1.AddressPod.LabelsEntry
-	7,  // 17: informerd.v1.RelatedObject.resource:type_name -> informerd.v1.GroupVersionResource
-	28, // 18: informerd.v1.RelatedObject.fields:type_name -> informerd.v1.RelatedObject.FieldsEntry
-	22, // 19: informerd.v1.WatchStatusRequest.objects:type_name -> informerd.v1.ObjectReference
-	4,  // 20: informerd.v1.WatchStatusRequest.scope_strategy:type_name -> informerd.v1.ScopeStrategy
-	25, // 21: informerd.v1.WatchStatusResponse.events:type_name -> informerd.v1.StatusEvent
-	5,  // 22: informerd.v1.StatusEvent.type:type_name -> informerd.v1.StatusEventType
-	26, // 23: informerd.v1.StatusEvent.status:type_name -> informerd.v1.ResourceStatus
-	22, // 24: informerd.v1.ResourceStatus.object:type_name -> informerd.v1.ObjectReference
-	6,  // 25: informerd.v1.ResourceStatus.status:type_name -> informerd.v1.Status
-	26, // 26: informerd.v1.ResourceStatus.generated:type_name -> informerd.v1.ResourceStatus
-	8,  // 27: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
-	13, // 28: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
-	9,  // 29: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
-	16, // 30: informerd.v1.InformerService.WatchAddress:input_type -> informerd.v1.WatchAddressRequest
-	23, // 31: informerd.v1.InformerService.WatchStatus:input_type -> informerd.v1.WatchStatusRequest
-	11, // 32: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
-	14, // 33: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
-	10, // 34: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
-	17, // 35: informerd.v1.InformerService.WatchAddress:output_type -> informerd.v1.WatchAddressResponse
-	24, // 36: informerd.v1.InformerService.WatchStatus:output_type -> informerd.v1.WatchStatusResponse
-	32, // [32:37] is the sub-list for method output_type
-	27, // [27:32] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	16, // 11: informerd.v1.Informer.subscribers:type_name -> informerd.v1.Subscriber
+	19, // 12: informerd.v1.WatchAddressResponse.pod:type_name -> informerd.v1.AddressPod
+	3,  // 13: informerd.v1.WatchAddressResponse.match:type_name -> informerd.v1.AddressMatch
+	21, // 14: informerd.v1.WatchAddressResponse.port:type_name -> informerd.v1.AddressPort
+	22, // 15: informerd.v1.WatchAddressResponse.related:type_name -> informerd.v1.RelatedObject
+	20, // 16: informerd.v1.AddressPod.owner:type_name -> informerd.v1.PodOwner
+	28, // 17: informerd.v1.AddressPod.labels:type_name -> informerd.v1.AddressPod.LabelsEntry
+	7,  // 18: informerd.v1.RelatedObject.resource:type_name -> informerd.v1.GroupVersionResource
+	29, // 19: informerd.v1.RelatedObject.fields:type_name -> informerd.v1.RelatedObject.FieldsEntry
+	23, // 20: informerd.v1.WatchStatusRequest.objects:type_name -> informerd.v1.ObjectReference
+	4,  // 21: informerd.v1.WatchStatusRequest.scope_strategy:type_name -> informerd.v1.ScopeStrategy
+	26, // 22: informerd.v1.WatchStatusResponse.events:type_name -> informerd.v1.StatusEvent
+	5,  // 23: informerd.v1.StatusEvent.type:type_name -> informerd.v1.StatusEventType
+	27, // 24: informerd.v1.StatusEvent.status:type_name -> informerd.v1.ResourceStatus
+	23, // 25: informerd.v1.ResourceStatus.object:type_name -> informerd.v1.ObjectReference
+	6,  // 26: informerd.v1.ResourceStatus.status:type_name -> informerd.v1.Status
+	27, // 27: informerd.v1.ResourceStatus.generated:type_name -> informerd.v1.ResourceStatus
+	8,  // 28: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
+	13, // 29: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
+	9,  // 30: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
+	17, // 31: informerd.v1.InformerService.WatchAddress:input_type -> informerd.v1.WatchAddressRequest
+	24, // 32: informerd.v1.InformerService.WatchStatus:input_type -> informerd.v1.WatchStatusRequest
+	11, // 33: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
+	14, // 34: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
+	10, // 35: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
+	18, // 36: informerd.v1.InformerService.WatchAddress:output_type -> informerd.v1.WatchAddressResponse
+	25, // 37: informerd.v1.InformerService.WatchStatus:output_type -> informerd.v1.WatchStatusResponse
+	33, // [33:38] is the sub-list for method output_type
+	28, // [28:33] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_informerd_v1_informerd_proto_init() }
@@ -2287,7 +2374,7 @@ func file_informerd_v1_informerd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_informerd_v1_informerd_proto_rawDesc), len(file_informerd_v1_informerd_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,272 @@
+package auth
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/expirable"
+	"golang.org/x/sync/singleflight"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
+)
+
+// Keys of the user.extra the API server sets for a token bound to a pod.
+const (
+	ExtraPodName  = "authentication.kubernetes.io/pod-name"
+	ExtraNodeName = "authentication.kubernetes.io/node-name"
+)
+
+// DefaultAudience is the audience informerd's tokens are projected for.
+const DefaultAudience = "informerd"
+
+// User is an authenticated caller, as the API server's TokenReview
+// described it. It is immutable.
+type User struct {
+	Name   string
+	UID    string
+	Groups []string
+	Extra  map[string][]string
+	// Pod and Node are the pod ("namespace/name") and node the token is
+	// bound to, or "".
+	Pod, Node string
+}
+
+// AuthenticatorOptions configure an Authenticator. Zero values take the
+// documented defaults.
+type AuthenticatorOptions struct {
+	// Reviews creates TokenReviews. Required.
+	Reviews authenticationv1client.TokenReviewInterface
+	// Audience a token must be issued for. Default DefaultAudience.
+	Audience string
+	// NodeName is the node the daemon serves: a token bound to a pod on
+	// another node is refused. Empty: no node check.
+	NodeName string
+	// CacheTTL bounds how long a verified token is remembered; never past
+	// the token's own expiry. Default 1m.
+	CacheTTL time.Duration
+	// NegativeTTL is how long a rejected token is remembered. Default 10s.
+	NegativeTTL time.Duration
+	// CacheSize bounds the tokens remembered. Default 4096.
+	CacheSize int
+	// ReviewOptions bound the TokenReviews; their source is a peer.
+	ReviewOptions
+}
+
+// Authenticator verifies bearer tokens with TokenReview. It is safe for
+// concurrent use.
+type Authenticator struct {
+	opts    AuthenticatorOptions
+	log     *slog.Logger
+	cache   *expirable.LRU[tokenKey, tokenEntry]
+	flight  singleflight.Group // of review, by token key
+	limit   *keyedLimiter
+	metrics *authnMetrics
+}
+
+// tokenEntry is a remembered answer: a user or a rejection.
+type tokenEntry struct {
+	user    *User
+	err     error
+	expires time.Time
+}
+
+// NewAuthenticator returns an Authenticator.
+func NewAuthenticator(opts AuthenticatorOptions) (*Authenticator, error) {
+	if opts.Reviews == nil {
+		return nil, errors.New("auth: AuthenticatorOptions.Reviews is required")
+	}
+	if opts.Audience == "" {
+		opts.Audience = DefaultAudience
+	}
+	if opts.CacheTTL <= 0 {
+		opts.CacheTTL = time.Minute
+	}
+	if opts.NegativeTTL <= 0 {
+		opts.NegativeTTL = 10 * time.Second
+	}
+	if opts.CacheSize <= 0 {
+		opts.CacheSize = 4096
+	}
+	opts.ReviewOptions.setDefaults()
+	m, err := newAuthnMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Authenticator{
+		opts:    opts,
+		log:     opts.Logger,
+		cache:   expirable.NewLRU[tokenKey, tokenEntry](opts.CacheSize, nil, max(opts.CacheTTL, opts.NegativeTTL)),
+		limit:   newKeyedLimiter(opts.ReviewsPerSecond, opts.ReviewBurst),
+		metrics: m,
+	}, nil
+}
+
+// Audience returns the audience tokens must be issued for.
+func (a *Authenticator) Audience() string { return a.opts.Audience }
+
+// Authenticate returns the caller of an authorization header's values
+// (see ParseBearer) and the time until which that answer holds (the
+// token's expiry or the cache's, whichever is first). source names where
+// the request came from (a peer), for the limit on TokenReviews.
+//
+// Errors wrap ErrUnauthenticated (with the reason: no token, malformed,
+// expired, wrong audience, ServiceAccount or pod deleted, bound to another
+// node), ErrThrottled or ErrUnavailable.
+func (a *Authenticator) Authenticate(ctx context.Context, authorization []string, source string) (*User, time.Time, error) {
+	token, err := ParseBearer(authorization)
+	if errors.Is(err, errNoToken) {
+		err = errorf(ErrUnauthenticated, "no token: send a projected ServiceAccount token with audience %q as the authorization \"Bearer <token>\" (the client library reads it from a token file)", a.opts.Audience)
+	}
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return a.AuthenticateToken(ctx, token, source)
+}
+
+// AuthenticateToken is Authenticate for a token already extracted.
+func (a *Authenticator) AuthenticateToken(ctx context.Context, token, source string) (*User, time.Time, error) {
+	key := keyOf(token)
+	if e, ok := a.cache.Get(key); ok && a.opts.Now().Before(e.expires) {
+		a.metrics.cacheHits.Inc()
+		return e.user, e.expires, e.err
+	}
+	c, err := parseClaims(token)
+	if err != nil {
+		// Only JWTs can carry an audience other than the API server's:
+		// nothing else could pass the review, so nothing else costs one.
+		return nil, time.Time{}, errorf(ErrUnauthenticated, "malformed token: %v", err)
+	}
+	// Concurrent callers with one token share one review, which outlives a
+	// caller that leaves (it is bounded by ReviewTimeout), and which counts
+	// against the rate of the source that started it.
+	ch := a.flight.DoChan(hex.EncodeToString(key[:]), func() (any, error) {
+		// A review that ended between our look-up and this flight has
+		// filled the cache: look again.
+		if e, ok := a.cache.Get(key); ok && a.opts.Now().Before(e.expires) {
+			return e, nil
+		}
+		if !a.limit.allow(source) {
+			a.metrics.throttled.Inc()
+			return tokenEntry{err: errorf(ErrThrottled, "too many new tokens from %s: at most %g TokenReviews per second (burst %d) for tokens informerd has not seen; retry later",
+				source, a.opts.ReviewsPerSecond, a.opts.ReviewBurst)}, nil
+		}
+		e := a.review(token, c)
+		if e.expires.After(a.opts.Now()) {
+			a.cache.Add(key, e)
+		}
+		return e, nil
+	})
+	select {
+	case <-ctx.Done():
+		return nil, time.Time{}, ctx.Err()
+	case r := <-ch:
+		e := r.Val.(tokenEntry)
+		return e.user, e.expires, e.err
+	}
+}
+
+// review asks the API server about token.
+func (a *Authenticator) review(token string, c claims) tokenEntry {
+	ctx, cancel := context.WithTimeout(context.Background(), a.opts.ReviewTimeout)
+	defer cancel()
+	tr, err := a.opts.Reviews.Create(ctx, &authenticationv1.TokenReview{
+		Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: []string{a.opts.Audience}},
+	}, metav1.CreateOptions{})
+	now := a.opts.Now()
+	if err != nil {
+		a.metrics.reviews.WithLabelValues("error").Inc()
+		a.log.Warn("TokenReview failed", "err", err)
+		return tokenEntry{err: errorf(ErrUnavailable, "cannot verify the token now: TokenReview failed: %v", err)}
+	}
+	reject := func(format string, args ...any) tokenEntry {
+		a.metrics.reviews.WithLabelValues("rejected").Inc()
+		e := tokenEntry{err: errorf(ErrUnauthenticated, format, args...), expires: now.Add(a.opts.NegativeTTL)}
+		a.log.Info("token rejected", "serviceAccount", c.serviceAccount(), "reason", e.err)
+		return e
+	}
+	st := tr.Status
+	if !st.Authenticated {
+		return reject("%s", a.explain(c, st.Error, now))
+	}
+	if len(st.Audiences) > 0 && !slices.Contains(st.Audiences, a.opts.Audience) {
+		return reject("wrong audience: the API server accepted the token for %q, not %q", st.Audiences, a.opts.Audience)
+	}
+	u := userOf(st.User)
+	if a.opts.NodeName != "" && u.Node != "" && u.Node != a.opts.NodeName {
+		return reject("the token is bound to pod %s on node %s, and this informerd serves node %s: connect to the informerd of your own node", u.Pod, u.Node, a.opts.NodeName)
+	}
+	a.metrics.reviews.WithLabelValues("authenticated").Inc()
+	expires := now.Add(a.opts.CacheTTL)
+	if exp := c.expiry(); !exp.IsZero() && exp.Before(expires) {
+		// Not past now even if the clocks disagree: the API server has
+		// just accepted the token.
+		expires = exp
+		if floor := now.Add(time.Second); expires.Before(floor) {
+			expires = floor
+		}
+	}
+	return tokenEntry{user: u, expires: expires}
+}
+
+// explain says why the API server rejected a token, from its unverified
+// claims and the review's error.
+func (a *Authenticator) explain(c claims, reviewErr string, now time.Time) string {
+	sa := c.serviceAccount()
+	switch {
+	case !c.expiry().IsZero() && !now.Before(c.expiry()):
+		return fmt.Sprintf("the token expired at %s: read the token file again (the kubelet rotates projected tokens)", c.expiry().UTC().Format(time.RFC3339))
+	case !slices.Contains(c.Audience, a.opts.Audience):
+		return fmt.Sprintf("wrong audience: the token is for %q, not %q: project a ServiceAccount token with audience %q", []string(c.Audience), a.opts.Audience, a.opts.Audience)
+	case sa != "" && mentions(reviewErr, "serviceaccount", "not found", "deleted", "does not match"):
+		return fmt.Sprintf("the token's ServiceAccount %s has been deleted (or replaced): mint a token for an existing ServiceAccount", sa)
+	case c.K8s != nil && c.K8s.Pod != nil && mentions(reviewErr, "pod", "not found", "deleted", "does not match"):
+		return fmt.Sprintf("the pod %s/%s the token is bound to has been deleted (or replaced)", c.K8s.Namespace, c.K8s.Pod.Name)
+	}
+	return "the API server rejected the token: " + truncate(reviewErr, 200)
+}
+
+// mentions reports whether s mentions what and any of reasons, ignoring case.
+func mentions(s, what string, reasons ...string) bool {
+	s = strings.ToLower(s)
+	if !strings.Contains(s, what) {
+		return false
+	}
+	for _, r := range reasons {
+		if strings.Contains(s, r) {
+			return true
+		}
+	}
+	return false
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+func userOf(u authenticationv1.UserInfo) *User {
+	out := &User{Name: u.Username, UID: u.UID, Groups: slices.Clone(u.Groups), Extra: map[string][]string{}}
+	for k, v := range u.Extra {
+		out.Extra[k] = slices.Clone([]string(v))
+	}
+	if v := out.Extra[ExtraNodeName]; len(v) == 1 {
+		out.Node = v[0]
+	}
+	if v := out.Extra[ExtraPodName]; len(v) == 1 {
+		ns := ""
+		if parts := strings.Split(u.Username, ":"); len(parts) == 4 && parts[0] == "system" && parts[1] == "serviceaccount" {
+			ns = parts[2] + "/"
+		}
+		out.Pod = ns + v[0]
+	}
+	return out
+}

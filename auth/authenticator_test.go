@@ -1,0 +1,264 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// fakeTokenReviews answers TokenReviews with review, counting them.
+type fakeTokenReviews struct {
+	calls  atomic.Int32
+	review func(*authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error)
+}
+
+func (f *fakeTokenReviews) Create(_ context.Context, tr *authenticationv1.TokenReview, _ metav1.CreateOptions) (*authenticationv1.TokenReview, error) {
+	f.calls.Add(1)
+	st, err := f.review(tr)
+	if err != nil {
+		return nil, err
+	}
+	return &authenticationv1.TokenReview{Spec: tr.Spec, Status: *st}, nil
+}
+
+// clock is a settable clock for the caches' expiry checks.
+type clock struct {
+	mu  sync.Mutex // guards now
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func newClock() *clock { return &clock{now: time.Now()} }
+
+// authenticated answers every review: the ServiceAccount a/reader, with
+// extra if given.
+func authenticated(extra map[string]authenticationv1.ExtraValue) func(*authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error) {
+	return func(tr *authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error) {
+		return &authenticationv1.TokenReviewStatus{
+			Authenticated: true, Audiences: tr.Spec.Audiences,
+			User: authenticationv1.UserInfo{Username: "system:serviceaccount:a:reader", UID: "u1", Groups: []string{"system:serviceaccounts"}, Extra: extra},
+		}, nil
+	}
+}
+
+func newTestAuthenticator(t *testing.T, f *fakeTokenReviews, c *clock, opts AuthenticatorOptions) *Authenticator {
+	t.Helper()
+	opts.Reviews, opts.Now, opts.Logger = f, c.Now, slog.New(slog.DiscardHandler)
+	a, err := NewAuthenticator(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func bearer(token string) []string { return []string{"Bearer " + token} }
+
+func TestAuthenticateExplainsEachRejection(t *testing.T) {
+	c := newClock()
+	future := c.Now().Add(time.Hour).Unix()
+	saClaims := func(extra map[string]any) map[string]any {
+		m := map[string]any{"exp": future, "aud": "informerd", "kubernetes.io": map[string]any{
+			"namespace": "a", "serviceaccount": map[string]string{"name": "reader", "uid": "u1"},
+		}}
+		for k, v := range extra {
+			m[k] = v
+		}
+		return m
+	}
+	podClaims := saClaims(nil)
+	podClaims["kubernetes.io"].(map[string]any)["pod"] = map[string]string{"name": "p1", "uid": "u9"}
+	rejected := func(msg string) func(*authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error) {
+		return func(*authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error) {
+			return &authenticationv1.TokenReviewStatus{Error: msg}, nil
+		}
+	}
+	tests := []struct {
+		name    string
+		values  []string
+		review  func(*authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error)
+		reviews int32
+		want    string
+	}{
+		{"no token", nil, nil, 0, `no token: send a projected ServiceAccount token with audience "informerd"`},
+		{"garbage", bearer("garbage"), nil, 0, "malformed token: not a JWT"},
+		{"expired", bearer(jwt(saClaims(map[string]any{"exp": c.Now().Add(-time.Minute).Unix()}))),
+			rejected("[invalid bearer token, service account token has expired]"), 1, "the token expired at"},
+		{"wrong audience", bearer(jwt(saClaims(map[string]any{"aud": []string{"vault"}}))),
+			rejected("[invalid bearer token, token audiences [\"vault\"] is invalid for the target audiences [\"informerd\"]]"), 1, `wrong audience: the token is for ["vault"], not "informerd"`},
+		{"deleted ServiceAccount", bearer(jwt(saClaims(nil))),
+			rejected(`[invalid bearer token, serviceaccounts "reader" not found]`), 1, "ServiceAccount a/reader has been deleted"},
+		{"deleted pod", bearer(jwt(podClaims)),
+			rejected(`[invalid bearer token, pods "p1" not found]`), 1, "the pod a/p1 the token is bound to has been deleted"},
+		{"other", bearer(jwt(saClaims(nil))), rejected("[invalid bearer token, square-root of a banana]"), 1,
+			"the API server rejected the token: [invalid bearer token, square-root of a banana]"},
+		{"another node", bearer(jwt(saClaims(nil))), authenticated(map[string]authenticationv1.ExtraValue{
+			ExtraNodeName: {"node-2"}, ExtraPodName: {"p1"},
+		}), 1, "the token is bound to pod a/p1 on node node-2, and this informerd serves node node-1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &fakeTokenReviews{review: tt.review}
+			a := newTestAuthenticator(t, f, c, AuthenticatorOptions{NodeName: "node-1"})
+			_, _, err := a.Authenticate(context.Background(), tt.values, "uid 1")
+			if !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Authenticate error = %v, want ErrUnauthenticated containing %q", err, tt.want)
+			}
+			if got := f.calls.Load(); got != tt.reviews {
+				t.Fatalf("%d TokenReviews, want %d", got, tt.reviews)
+			}
+		})
+	}
+}
+
+func TestAuthenticateReturnsTheUser(t *testing.T) {
+	c := newClock()
+	f := &fakeTokenReviews{review: authenticated(map[string]authenticationv1.ExtraValue{ExtraNodeName: {"node-1"}, ExtraPodName: {"p1"}})}
+	a := newTestAuthenticator(t, f, c, AuthenticatorOptions{NodeName: "node-1", Audience: "custom"})
+	var gotAudiences []string
+	f.review = func(tr *authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error) {
+		gotAudiences = tr.Spec.Audiences
+		return authenticated(map[string]authenticationv1.ExtraValue{ExtraNodeName: {"node-1"}, ExtraPodName: {"p1"}})(tr)
+	}
+	u, _, err := a.Authenticate(context.Background(), bearer(jwt(map[string]any{"aud": "custom"})), "uid 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Name != "system:serviceaccount:a:reader" || u.Pod != "a/p1" || u.Node != "node-1" || len(u.Groups) != 1 {
+		t.Fatalf("user = %+v", u)
+	}
+	if len(gotAudiences) != 1 || gotAudiences[0] != "custom" {
+		t.Fatalf("the TokenReview asked for audiences %q, want [custom]", gotAudiences)
+	}
+}
+
+func TestAuthenticateCachesUntilTheTokenOrTheCacheExpires(t *testing.T) {
+	c := newClock()
+	f := &fakeTokenReviews{review: authenticated(nil)}
+	a := newTestAuthenticator(t, f, c, AuthenticatorOptions{CacheTTL: time.Minute})
+	ctx := context.Background()
+	long := jwt(map[string]any{"exp": c.Now().Add(time.Hour).Unix()})
+	short := jwt(map[string]any{"exp": c.Now().Add(20 * time.Second).Unix()})
+	check := func(token string, want int32) time.Time {
+		t.Helper()
+		_, until, err := a.Authenticate(ctx, bearer(token), "uid 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := f.calls.Load(); got != want {
+			t.Fatalf("%d TokenReviews, want %d", got, want)
+		}
+		return until
+	}
+	if until := check(long, 1); !until.Equal(c.Now().Add(time.Minute)) {
+		t.Fatalf("a token valid for an hour is trusted until %v, want the cache TTL (%v)", until, c.Now().Add(time.Minute))
+	}
+	check(long, 1)
+	if until := check(short, 2); until.Unix() != c.Now().Add(20*time.Second).Unix() {
+		t.Fatalf("a token expiring in 20s is trusted until %v, want its expiry", until)
+	}
+	c.advance(30 * time.Second) // past the short token's expiry
+	check(long, 2)
+	check(short, 3)
+	c.advance(31 * time.Second) // past the cache TTL
+	check(long, 4)
+}
+
+func TestAuthenticateRemembersRejectionsBriefly(t *testing.T) {
+	c := newClock()
+	f := &fakeTokenReviews{review: func(*authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error) {
+		return &authenticationv1.TokenReviewStatus{Error: "nope"}, nil
+	}}
+	a := newTestAuthenticator(t, f, c, AuthenticatorOptions{NegativeTTL: 10 * time.Second})
+	token := bearer(jwt(map[string]any{"aud": "informerd"}))
+	for range 5 {
+		if _, _, err := a.Authenticate(context.Background(), token, "uid 1"); !errors.Is(err, ErrUnauthenticated) {
+			t.Fatal(err)
+		}
+	}
+	if got := f.calls.Load(); got != 1 {
+		t.Fatalf("5 attempts with one rejected token made %d TokenReviews, want 1", got)
+	}
+	c.advance(11 * time.Second)
+	_, _, _ = a.Authenticate(context.Background(), token, "uid 1")
+	if got := f.calls.Load(); got != 2 {
+		t.Fatalf("after the negative TTL: %d TokenReviews, want 2", got)
+	}
+}
+
+func TestAuthenticateDoesNotRememberFailedReviews(t *testing.T) {
+	c := newClock()
+	f := &fakeTokenReviews{review: func(*authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error) {
+		return nil, errors.New("connection refused")
+	}}
+	a := newTestAuthenticator(t, f, c, AuthenticatorOptions{})
+	token := bearer(jwt(map[string]any{}))
+	for i := range 2 {
+		_, _, err := a.Authenticate(context.Background(), token, "uid 1")
+		if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "connection refused") {
+			t.Fatalf("error = %v, want ErrUnavailable with the cause", err)
+		}
+		if got := f.calls.Load(); got != int32(i+1) {
+			t.Fatalf("%d TokenReviews after %d attempts", got, i+1)
+		}
+	}
+}
+
+func TestAuthenticateSharesOneReviewAmongConcurrentCallers(t *testing.T) {
+	c := newClock()
+	release := make(chan struct{})
+	f := &fakeTokenReviews{}
+	f.review = func(tr *authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error) {
+		<-release
+		return authenticated(nil)(tr)
+	}
+	a := newTestAuthenticator(t, f, c, AuthenticatorOptions{})
+	token := bearer(jwt(map[string]any{}))
+	concurrently(t, 50, release, func() error {
+		_, _, err := a.Authenticate(context.Background(), token, "uid 1")
+		return err
+	})
+	if got := f.calls.Load(); got != 1 {
+		t.Fatalf("50 concurrent callers with one token made %d TokenReviews, want 1", got)
+	}
+}
+
+func TestAuthenticateLimitsNewTokensPerSource(t *testing.T) {
+	c := newClock()
+	f := &fakeTokenReviews{review: authenticated(nil)}
+	a := newTestAuthenticator(t, f, c, AuthenticatorOptions{ReviewOptions: ReviewOptions{ReviewsPerSecond: 0.001, ReviewBurst: 3}})
+	ctx := context.Background()
+	token := func(i int) []string { return bearer(jwt(map[string]any{"jti": fmt.Sprint(i)})) }
+	for i := range 3 {
+		if _, _, err := a.Authenticate(ctx, token(i), "uid 66"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, _, err := a.Authenticate(ctx, token(3), "uid 66")
+	if !errors.Is(err, ErrThrottled) || !strings.Contains(err.Error(), "uid 66") {
+		t.Fatalf("4th new token from one source: %v, want ErrThrottled naming the source", err)
+	}
+	if _, _, err := a.Authenticate(ctx, token(0), "uid 66"); err != nil {
+		t.Fatalf("a cached token is answered whatever the source's rate: %v", err)
+	}
+	if _, _, err := a.Authenticate(ctx, token(4), "uid 1000"); err != nil {
+		t.Fatalf("another source is not limited by the first: %v", err)
+	}
+	if got := f.calls.Load(); got != 4 {
+		t.Fatalf("%d TokenReviews, want 4", got)
+	}
+}

@@ -1,0 +1,147 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/informerd/informerd/auth"
+)
+
+// caller is who made a request, as the interceptors established it.
+type caller struct {
+	// name identifies the caller for per-caller limits and introspection:
+	// the user's name, or the peer in InsecureLocalOnly mode.
+	name string
+	// user is nil in InsecureLocalOnly mode.
+	user *auth.User
+	// token is the caller's bearer token, checked again when a stream's
+	// decisions expire.
+	token string
+	peer  auth.Peer
+}
+
+type callerKey struct{}
+
+// callerOf returns the caller the interceptors attached to ctx, or nil.
+func callerOf(ctx context.Context) *caller {
+	c, _ := ctx.Value(callerKey{}).(*caller)
+	return c
+}
+
+// healthService needs no token: kubelet's gRPC probes call it.
+const healthService = "/grpc.health.v1.Health/"
+
+// unaryAuth authenticates the caller of a unary RPC.
+func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if strings.HasPrefix(info.FullMethod, healthService) {
+		return handler(ctx, req)
+	}
+	ctx, err := s.authenticate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+// streamAuth authenticates the caller of a streaming RPC and holds one of
+// its MaxStreamsPerCaller slots while the stream runs.
+func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if strings.HasPrefix(info.FullMethod, healthService) {
+		return handler(srv, ss)
+	}
+	ctx, err := s.authenticate(ss.Context())
+	if err != nil {
+		return err
+	}
+	c := callerOf(ctx)
+	if !s.streams.acquire(c.name) {
+		s.metrics.limited.WithLabelValues("streams_per_caller").Inc()
+		return s.reject(fmt.Errorf("%w: %s has %d streams open, the limit per caller (max-streams-per-caller): close some first",
+			errLimit, c.name, s.opts.Limits.MaxStreamsPerCaller))
+	}
+	defer s.streams.release(c.name)
+	return handler(srv, &callerStream{ServerStream: ss, ctx: ctx})
+}
+
+// callerStream is a ServerStream whose context carries the caller.
+type callerStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *callerStream) Context() context.Context { return s.ctx }
+
+// authenticate establishes the caller of ctx: its peer from the transport
+// and, unless InsecureLocalOnly, its user from its bearer token.
+func (s *Server) authenticate(ctx context.Context) (context.Context, error) {
+	p := peerOf(ctx)
+	if len(s.opts.AllowedUIDs) > 0 && p.Network == "unix" && (!p.Cred || !slices.Contains(s.opts.AllowedUIDs, p.UID)) {
+		return nil, s.reject(fmt.Errorf("%w: the socket admits only uids %v (allowed-uids); this caller is %s", auth.ErrDenied, s.opts.AllowedUIDs, p))
+	}
+	if s.opts.InsecureLocalOnly {
+		return context.WithValue(ctx, callerKey{}, &caller{name: p.Key(), peer: p}), nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	values := md.Get("authorization")
+	user, _, err := s.opts.Authenticator.Authenticate(ctx, values, p.Key())
+	if err != nil {
+		return nil, s.reject(err)
+	}
+	token, _ := auth.ParseBearer(values) // Authenticate accepted it
+	return context.WithValue(ctx, callerKey{}, &caller{name: user.Name, user: user, token: token, peer: p}), nil
+}
+
+// reject maps err for a request refused before its handler ran, and
+// counts it.
+func (s *Server) reject(err error) error {
+	st := toStatus(err)
+	s.metrics.requestErrors.WithLabelValues(status.Code(st).String()).Inc()
+	return st
+}
+
+// peerOf returns what the transport knows of the caller.
+func peerOf(ctx context.Context) auth.Peer {
+	if p, ok := peer.FromContext(ctx); ok {
+		if a, ok := p.Addr.(peerAddr); ok {
+			return a.peer
+		}
+		if p.Addr != nil {
+			return auth.Peer{Network: p.Addr.Network()}
+		}
+	}
+	return auth.Peer{Network: "unknown"}
+}
+
+// streamCounter counts each caller's open streams against a limit.
+type streamCounter struct {
+	max int
+
+	mu   sync.Mutex // guards open
+	open map[string]int
+}
+
+func (c *streamCounter) acquire(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open[name] >= c.max {
+		return false
+	}
+	c.open[name]++
+	return true
+}
+
+func (c *streamCounter) release(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open[name]--; c.open[name] <= 0 {
+		delete(c.open, name)
+	}
+}
