@@ -94,7 +94,7 @@ func NewAuthenticator(opts AuthenticatorOptions) (*Authenticator, error) {
 	if opts.CacheSize <= 0 {
 		opts.CacheSize = 4096
 	}
-	opts.ReviewOptions.setDefaults()
+	opts.setDefaults()
 	m, err := newAuthnMetrics(opts.Registerer)
 	if err != nil {
 		return nil, err

@@ -147,7 +147,7 @@ func NewAuthorizer(opts AuthorizerOptions) (*Authorizer, error) {
 	if opts.CacheSize <= 0 {
 		opts.CacheSize = 16384
 	}
-	opts.ReviewOptions.setDefaults()
+	opts.setDefaults()
 	m, err := newAuthzMetrics(opts.Registerer)
 	if err != nil {
 		return nil, err

@@ -61,14 +61,6 @@ type Object struct {
 	Data []byte
 }
 
-// key is the store key of an object: namespace/name, or name.
-func (o *Object) key() string {
-	if o.Namespace == "" {
-		return o.Name
-	}
-	return o.Namespace + "/" + o.Name
-}
-
 // MaxFrameSlots bounds the number of distinct encodings memoized per Event
 // (one per view and format the daemon serves).
 const MaxFrameSlots = 4

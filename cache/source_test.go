@@ -382,7 +382,7 @@ func TestWithStatusKeepsTheAPIServersMessage(t *testing.T) {
 	if !apierrors.IsBadRequest(err) || !strings.Contains(err.Error(), "field label not supported: spec.x") {
 		t.Fatalf("withStatus = %v, want the API server's BadRequest", err)
 	}
-	if got := withStatus(generic, []byte("not json")); got != error(generic) {
+	if got := withStatus(generic, []byte("not json")); !errors.Is(got, generic) || got.Error() != generic.Error() {
 		t.Fatalf("withStatus of a body that is no Status = %v, want the error unchanged", got)
 	}
 }

@@ -380,7 +380,7 @@ func (s *Server) authorizeRequest(ctx context.Context, creq *cache.Request, labe
 // from the client leaving and from a re-check's verdict.
 func (s *Server) endStream(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
-		if cause := context.Cause(ctx); cause != ctx.Err() {
+		if cause := context.Cause(ctx); !errors.Is(cause, ctx.Err()) {
 			err = cause // a re-check's verdict
 		} else if s.shutdown.Err() != nil {
 			err = errShuttingDown

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/api/validate/content"
-	"k8s.io/apimachinery/pkg/api/validation/path"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -204,7 +203,7 @@ func validateGet(req *informerdv1.GetRequest) (cache.Request, string, cache.View
 	if len(name) > maxName {
 		return cache.Request{}, "", 0, invalid("name is %d bytes long, at most %d are allowed", len(name), maxName)
 	}
-	if errs := path.IsValidPathSegmentName(name); len(errs) > 0 {
+	if errs := content.IsPathSegmentName(name); len(errs) > 0 {
 		return cache.Request{}, "", 0, invalid("name %s: %s", quote(name), errs[0])
 	}
 	if err := validateResourceVersion("not_older_than_resource_version", req.GetNotOlderThanResourceVersion()); err != nil {

@@ -30,7 +30,7 @@ type gadget struct {
 
 func (g *gadget) DeepCopyObject() runtime.Object {
 	c := *g
-	g.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
+	g.DeepCopyInto(&c.ObjectMeta)
 	return &c
 }
 

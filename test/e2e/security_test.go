@@ -342,7 +342,7 @@ func TestAuthenticationFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer noToken.Close()
+	defer func() { _ = noToken.Close() }()
 	tests := []struct {
 		name  string
 		d     *testDaemon
