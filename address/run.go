@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/informerd/informerd/cache"
+	"github.com/informerd/informerd/internal/backoff"
 )
 
 var podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
@@ -243,11 +244,12 @@ func (inst *instance) readRelated(i int) {
 	emit := func(replace bool, cs []change[*relObj]) bool {
 		return inst.send(update{kind: i, replace: replace, related: cs})
 	}
-	wait, delay := false, time.Duration(0)
+	wait := false // the first try is a plain subscription; later ones wait for the resource
+	retry := backoff.Backoff{Initial: minRewatch, Max: maxRewatch}
 	for inst.ctx.Err() == nil {
 		ev, err := inst.opts.Subscribe(inst.ctx, cache.Request{GVR: kind.Resource, Holder: inst.opts.Holder, WaitForResource: wait})
 		if err == nil {
-			delay = 0
+			retry.Reset()
 			err = read(inst.ctx, ev, func(o *cache.Object) *relObj {
 				r, err := kind.decode(o)
 				if err != nil {
@@ -266,10 +268,10 @@ func (inst *instance) readRelated(i int) {
 				return
 			}
 			inst.log.Info("address: related resource not served; waiting for it", "resource", kind.Resource.String(), "err", err)
-			if delay > 0 && !sleep(inst.ctx, delay) {
+			if wait && retry.Wait(inst.ctx) != nil {
 				return
 			}
-			wait, delay = true, min(max(2*delay, minRewatch), maxRewatch)
+			wait = true
 		default:
 			inst.fail(fmt.Errorf("address: watching %s: %w", kind.Resource, err))
 			return
@@ -282,17 +284,6 @@ func (inst *instance) readRelated(i int) {
 func (inst *instance) fail(err error) {
 	if inst.ctx.Err() == nil {
 		inst.send(update{err: err})
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

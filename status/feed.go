@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/informerd/informerd/cache"
+	"github.com/informerd/informerd/internal/backoff"
 )
 
 // feedKey names a feed: the objects of one kind in one namespace ("" for
@@ -127,17 +127,8 @@ func (e *Engine) runFeed(ctx context.Context, f *feed, granted <-chan struct{}) 
 		}
 	}
 	req := cache.Request{GVR: schema.GroupVersionResource{Group: f.key.gk.Group}, Kind: f.key.gk.Kind, Namespace: f.key.namespace, Holder: holder}
-	retry := wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: 30 * time.Second}
-	pause := func() bool {
-		t := time.NewTimer(retry.Step())
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.C:
-			return true
-		}
-	}
+	retry := backoff.Backoff{Initial: time.Second, Max: 30 * time.Second}
+	pause := func() bool { return retry.Wait(ctx) == nil }
 	for ctx.Err() == nil {
 		key, err := e.src.Resolve(ctx, req)
 		if errors.Is(err, cache.ErrUnknownResource) {
@@ -181,7 +172,7 @@ func (e *Engine) runFeed(ctx context.Context, f *feed, granted <-chan struct{}) 
 		if ctx.Err() != nil || errors.Is(err, cache.ErrStopped) {
 			return
 		}
-		retry.Duration = time.Second // it worked: the next failure starts over
+		retry.Reset() // it worked: the next failure starts over
 	}
 }
 
