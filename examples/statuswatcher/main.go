@@ -52,8 +52,8 @@ func run(ctx context.Context, address, tokenFile, namespace, name string) error 
 	}
 	defer c.Close()
 
-	// Direct: watcher.NewDefaultStatusWatcher(dynamicClient, restMapper)
-	var w watcher.StatusWatcher = client.NewStatusWatcher(c, client.StatusWatcherOptions{ClientName: "example-statuswatcher"})
+	// A watcher.StatusWatcher. Direct: watcher.NewDefaultStatusWatcher(dynamicClient, restMapper)
+	w := client.NewStatusWatcher(c, client.StatusWatcherOptions{ClientName: "example-statuswatcher"})
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
