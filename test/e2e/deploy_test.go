@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -146,7 +147,9 @@ func (a *auditLog) audited(t *testing.T, user string) (allowed map[access]bool, 
 //     bound to the DaemonSet's pod (what the kubelet projects) and
 //     -node-name of that pod's node, serves the example client's identity
 //     (a token bound to its pod, with informerd's audience) what its Role
-//     allows and refuses it the rest, and serves a client of its own every
+//     allows and refuses it the rest; the example client's own command
+//     line (informerctl watch, from its Deployment) prints its namespace's
+//     ConfigMap; and it serves a client of its own every
 //     resource the ClusterRole names, in every namespace;
 //   - the shipped RBAC is enough and nothing in it is unused: the API
 //     server's audit log shows every verb on every resource of every rule
@@ -256,6 +259,7 @@ func TestDeploy(t *testing.T) {
 	if !strings.Contains(describe(got), "ADDED "+exampleNS+"/deployed") {
 		t.Fatalf("the example client got %s; want its namespace's ConfigMap", describe(got))
 	}
+	runExampleClient(ctx, t, admin, clientPod, daemons[0].socket, exampleToken, "deployed")
 	exampleUser := "system:serviceaccount:" + exampleNS + ":" + exampleSA
 	for _, tt := range []struct {
 		opts client.WatchOptions
@@ -355,6 +359,69 @@ func TestDeploy(t *testing.T) {
 		t.Errorf("the API server refused the daemon: %v", refused)
 	}
 	t.Logf("the daemon used %d accesses of ClusterRole informerd's %d", len(want)-len(unused), len(want))
+}
+
+// runExampleClient runs the example client Deployment's container command
+// line (informerctl watch) as the Deployment gives it, with its
+// environment, against socket with token in place of the pod's mounts,
+// until it prints want.
+func runExampleClient(ctx context.Context, t *testing.T, admin kubernetes.Interface, pod *corev1.Pod, socket, token, want string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	dep, err := admin.AppsV1().Deployments(pod.Namespace).Get(ctx, exampleSA, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := dep.Spec.Template.Spec.Containers[0]
+	if len(ctr.Command) != 1 || ctr.Command[0] != "/informerctl" {
+		t.Fatalf("the example client runs %v; this test runs /informerctl", ctr.Command)
+	}
+	tokenPath := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenPath, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{"POD_NAMESPACE": pod.Namespace, "POD_NAME": pod.Name}
+	local := map[string]string{"/var/run/informerd/informerd.sock": socket, client.DefaultTokenFile: tokenPath}
+	var args []string
+	replaced := 0
+	for _, a := range ctr.Args {
+		for v, val := range vars {
+			a = strings.ReplaceAll(a, "$("+v+")", val)
+		}
+		for path, here := range local {
+			if strings.HasSuffix(a, "="+path) {
+				a = strings.TrimSuffix(a, path) + here
+				replaced++
+			}
+		}
+		args = append(args, a)
+	}
+	if replaced != len(local) {
+		t.Fatalf("the example client's args %v do not name the socket and the token file as -flag=%v", ctr.Args, slices.Collect(maps.Keys(local)))
+	}
+	cmd := exec.CommandContext(ctx, informerctlBin.build(t), args...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	sc := bufio.NewScanner(stdout)
+	found := false
+	for !found && sc.Scan() { // ends when the process does (ctx kills it)
+		out.WriteString(sc.Text() + "\n")
+		found = strings.Contains(sc.Text(), want)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if !found {
+		t.Fatalf("the example client (informerctl %v) never printed %q; stdout:\n%s\nstderr:\n%s", args, want, out.String(), stderr.String())
+	}
 }
 
 // runningPod waits for the pod of namespace and selector to be scheduled
