@@ -18,7 +18,7 @@ import (
 
 // DefaultTokenFile is where Dial reads the caller's token unless it is
 // given WithTokenFile or WithToken: the projected ServiceAccount token
-// volume of deploy/examples/client.yaml, with audience "informerd".
+// volume of deploy/examples/client, with audience "informerd".
 const DefaultTokenFile = "/var/run/secrets/informerd/token"
 
 // tokenOption marks a DialOption that attaches a token, so that Dial does

@@ -1,80 +1,207 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/informerd/informerd/auth"
+	"github.com/informerd/informerd/client"
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 	"github.com/informerd/informerd/test/controlplane"
 )
 
-// TestDeployManifestsAreValid: deploy/, with its TLS component and the example
-// client apply cleanly (server-side dry run) to the real API server, so
-// their schema and RBAC are accepted; and they carry the security the
-// daemon relies on: the node's name, the review permissions, tokens with
-// informerd's audience, never the development mode.
-func TestDeployManifestsAreValid(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+// The deployed daemon's identity: deploy/base's namespace and ServiceAccount.
+const (
+	deployNamespace = "informerd"
+	deployUser      = "system:serviceaccount:informerd:informerd"
+	exampleNS       = "informerd-example"
+	exampleSA       = "configmap-watcher"
+)
+
+// auditLog is the API server's audit log of the requests of every
+// ServiceAccount in deploy/'s namespace (that is, of the deployed daemon),
+// and nothing else: TestDeploy reads what the daemon did from it.
+type auditLog struct {
+	dir   string
+	path  string
+	flags []string // kube-apiserver's flags writing it
+}
+
+// startAuditLog writes the audit policy for TestMain's control plane.
+func startAuditLog() (*auditLog, error) {
+	dir, err := os.MkdirTemp("", "informerd-e2e-audit-")
+	if err != nil {
+		return nil, err
+	}
+	policy := `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts:` + deployNamespace + `"]
+  - level: None
+`
+	a := &auditLog{dir: dir, path: filepath.Join(dir, "audit.log")}
+	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), []byte(policy), 0o600); err != nil {
+		return nil, err
+	}
+	// The log backend's default mode (blocking) writes each event before
+	// the request goes on.
+	a.flags = []string{"--audit-policy-file=" + filepath.Join(dir, "policy.yaml"), "--audit-log-path=" + a.path, "--audit-log-format=json"}
+	deployAudit = a
+	return a, nil
+}
+
+func (a *auditLog) remove() { _ = os.RemoveAll(a.dir) }
+
+// deployAudit is TestMain's audit log.
+var deployAudit *auditLog
+
+// auditEvent is what TestDeploy reads of an audit.k8s.io/v1 Event.
+type auditEvent struct {
+	Verb string `json:"verb"`
+	User struct {
+		Username string `json:"username"`
+	} `json:"user"`
+	ObjectRef *struct {
+		APIGroup    string `json:"apiGroup"`
+		Resource    string `json:"resource"`
+		Subresource string `json:"subresource"`
+	} `json:"objectRef"`
+	RequestURI     string `json:"requestURI"`
+	ResponseStatus *struct {
+		Code int `json:"code"`
+	} `json:"responseStatus"`
+}
+
+// access is one verb on one resource.
+type access struct{ group, resource, verb string }
+
+func (a access) String() string {
+	return fmt.Sprintf("%s %s", a.verb, schema.GroupResource{Group: a.group, Resource: a.resource})
+}
+
+// audited returns what user did (and was allowed) and what it was refused,
+// by the audit log.
+func (a *auditLog) audited(t *testing.T, user string) (allowed map[access]bool, refused []string) {
+	t.Helper()
+	f, err := os.Open(a.path)
+	if err != nil {
+		t.Fatalf("the API server's audit log: %v", err)
+	}
+	defer f.Close()
+	allowed = map[access]bool{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var ev auditEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("audit log line %q: %v", sc.Text(), err)
+		}
+		if ev.User.Username != user || ev.ResponseStatus == nil {
+			continue
+		}
+		if ev.ResponseStatus.Code == 401 || ev.ResponseStatus.Code == 403 {
+			refused = append(refused, fmt.Sprintf("%d %s %s", ev.ResponseStatus.Code, ev.Verb, ev.RequestURI))
+			continue
+		}
+		if ev.ObjectRef != nil && ev.ObjectRef.Subresource == "" && ev.ResponseStatus.Code < 400 {
+			allowed[access{ev.ObjectRef.APIGroup, ev.ObjectRef.Resource, ev.Verb}] = true
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return allowed, refused
+}
+
+// TestDeploy deploys deploy/ for real (kubectl apply -k --server-side) and
+// runs informerd with the deployed ServiceAccount's credentials:
+//   - deploy/'s objects are accepted by the API server, with its TLS
+//     overlay (server-side dry run) and the example client; the
+//     DaemonSet's pod is scheduled onto the fake node and runs (kwok), as
+//     does the example client's;
+//   - the informerd binary, with a token of the deployed ServiceAccount
+//     bound to the DaemonSet's pod (what the kubelet projects) and
+//     -node-name of that pod's node, serves the example client's identity
+//     (a token bound to its pod, with informerd's audience) what its Role
+//     allows and refuses it the rest; the example client's own command
+//     line (informerctl watch, from its Deployment) prints its namespace's
+//     ConfigMap; and it serves a client of its own every
+//     resource the ClusterRole names, in every namespace;
+//   - the shipped RBAC is enough and nothing in it is unused: the API
+//     server's audit log shows every verb on every resource of every rule
+//     of the applied ClusterRole used by the daemon, and nothing it asked
+//     refused; the daemon logged no "forbidden". The verb list is used
+//     by a second daemon with -disable-watch-list (informerd's fallback
+//     when the API server refuses WatchList), watch by both.
+func TestDeploy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	bin, err := controlplane.BinDir(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The namespaced objects need their namespaces, which a dry run does
-	// not create.
 	admin := kubernetes.NewForConfigOrDie(env.RESTConfig())
-	for _, ns := range []string{"informerd", "informerd-example"} {
-		if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
-	}
 	_, self, _, _ := runtime.Caller(0)
 	deploy := filepath.Join(filepath.Dir(self), "..", "..", "deploy")
-	kubectl := func(args ...string) string {
-		t.Helper()
+	kubectl := func(args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // cleanups too
+		defer cancel()
 		out, err := exec.CommandContext(ctx, filepath.Join(bin, "kubectl"), append([]string{"--kubeconfig", env.KubeconfigPath}, args...)...).CombinedOutput()
 		if err != nil {
-			t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+			return string(out), fmt.Errorf("kubectl %v: %w\n%s", args, err, out)
 		}
-		return string(out)
+		return string(out), nil
 	}
-	// The TLS component goes into an overlay of the user's, outside deploy/.
-	overlay := t.TempDir()
-	rel, err := filepath.Rel(overlay, deploy)
-	if err != nil {
-		t.Fatal(err)
+	must := func(out string, err error) string {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
 	}
-	kustomization := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s]\n", rel, filepath.Join(rel, "components", "tls"))
-	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
-		t.Fatal(err)
-	}
+
+	// What the manifests must say, whatever an operator changes around it.
 	rendered := map[string]string{}
-	for dir, path := range map[string]string{".": deploy, "components/tls": overlay, "examples/client": filepath.Join(deploy, "examples", "client")} {
-		t.Logf("%s", kubectl("apply", "--dry-run=server", "-k", path))
-		rendered[dir] = kubectl("kustomize", path)
+	for _, dir := range []string{".", "overlays/node-ip", "examples/client"} {
+		rendered[dir] = must(kubectl("kustomize", filepath.Join(deploy, dir)))
 	}
-	for _, tt := range []struct {
-		dir, want string
-	}{
+	for _, tt := range []struct{ dir, want string }{
 		{".", "-node-name=$(NODE_NAME)"},
 		{".", "fieldPath: spec.nodeName"},
-		{".", "tokenreviews"},
-		{".", "subjectaccessreviews"},
-		{"components/tls", "-tls-cert-file="},
-		{"components/tls", "hostPort: 7650"},
-		{"examples/client", "audience: informerd"},
-		{"examples/client", "-token-file=/var/run/secrets/informerd/token"},
+		{".", "readOnlyRootFilesystem: true"},
+		{".", "allowPrivilegeEscalation: false"},
+		{".", "- ALL"},
+		{".", "type: RuntimeDefault"},
+		{".", "priorityClassName: system-node-critical"},
+		{".", "path: /readyz"},
+		{"overlays/node-ip", "-tls-cert-file="},
+		{"overlays/node-ip", "hostPort: 7650"},
+		{"overlays/node-ip", "name: informerd-metrics"},
+		{"examples/client", "audience: " + auth.DefaultAudience},
 		{"examples/client", "path: /var/run/informerd"},
 	} {
 		if !strings.Contains(rendered[tt.dir], tt.want) {
@@ -86,4 +213,273 @@ func TestDeployManifestsAreValid(t *testing.T) {
 			t.Errorf("deploy/%s uses the development mode", dir)
 		}
 	}
+
+	must(kubectl("apply", "--server-side", "-k", deploy))
+	t.Cleanup(func() {
+		for _, dir := range []string{filepath.Join(deploy, "examples", "client"), deploy} {
+			if out, err := kubectl("delete", "--ignore-not-found", "--wait=false", "-k", dir); err != nil {
+				t.Logf("cleanup: %v\n%s", err, out)
+			}
+		}
+	})
+	must(kubectl("apply", "--server-side", "--dry-run=server", "-k", filepath.Join(deploy, "overlays", "node-ip")))
+	must(kubectl("apply", "--server-side", "-k", filepath.Join(deploy, "examples", "client")))
+	daemonPod := runningPod(ctx, t, admin, deployNamespace, "app.kubernetes.io/name=informerd")
+	clientPod := runningPod(ctx, t, admin, exampleNS, "app.kubernetes.io/name="+exampleSA)
+
+	// The daemon's credentials: what the kubelet projects into its pod.
+	token, err := controlplane.PodToken(ctx, admin, deployNamespace, "informerd", daemonPod.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := tokenKubeconfig(t, token)
+	logs := filepath.Join(t.TempDir(), "informerd.log")
+	out, err := os.Create(logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	dir := t.TempDir()
+	daemons := []*daemonProc{
+		startDaemonProcessTo(t, filepath.Join(dir, "deployed.sock"), out, "-kubeconfig", kubeconfig, "-node-name", daemonPod.Spec.NodeName, "-log-level", "info"),
+		startDaemonProcessTo(t, filepath.Join(dir, "list.sock"), out, "-kubeconfig", kubeconfig, "-node-name", daemonPod.Spec.NodeName, "-log-level", "info", "-disable-watch-list"),
+	}
+
+	// The example client's identity: a token bound to its pod, as the
+	// kubelet projects it, for informerd's audience.
+	exampleToken, err := controlplane.PodToken(ctx, admin, exampleNS, exampleSA, clientPod.Name, auth.DefaultAudience)
+	if err != nil {
+		t.Fatal(err)
+	}
+	configMaps := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+	createConfigMap(ctx, t, exampleNS, "deployed", map[string]string{"k": "v"})
+	example := dialWith(t, daemons[0].socket, client.WithToken(exampleToken))
+	got := openStream(ctx, t, example, client.WatchOptions{Resource: configMaps, Namespace: exampleNS}, "").
+		until(ctx, t, "the example client's ConfigMaps", isType(informerdv1.EventType_EVENT_TYPE_SYNCED))
+	if !strings.Contains(describe(got), "ADDED "+exampleNS+"/deployed") {
+		t.Fatalf("the example client got %s; want its namespace's ConfigMap", describe(got))
+	}
+	runExampleClient(ctx, t, admin, clientPod, daemons[0].socket, exampleToken, "deployed")
+	exampleUser := "system:serviceaccount:" + exampleNS + ":" + exampleSA
+	for _, tt := range []struct {
+		opts client.WatchOptions
+		want string
+	}{
+		{client.WatchOptions{Resource: configMaps, Namespace: "default"}, exampleUser + " may not list configmaps in namespace default"},
+		{client.WatchOptions{Resource: configMaps}, exampleUser + " may not list configmaps cluster-wide"},
+		{client.WatchOptions{Resource: schema.GroupVersionResource{Version: "v1", Resource: "pods"}, Namespace: exampleNS}, exampleUser + " may not list pods"},
+	} {
+		err := openStream(ctx, t, example, tt.opts, "").end(ctx, t)
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("the example client watching %s in %q: %v; want PERMISSION_DENIED: %s", tt.opts.Resource.Resource, tt.opts.Namespace, err, tt.want)
+		}
+	}
+
+	// Every resource the applied ClusterRole names, for a client allowed
+	// exactly those, through both daemons.
+	role, err := admin.RbacV1().ClusterRoles().Get(ctx, "informerd", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := restmapper.GetAPIGroupResources(admin.Discovery())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDiscoveryRESTMapper(groups)
+	var want []access
+	var served []schema.GroupVersionResource
+	for _, rule := range role.Rules {
+		if len(rule.NonResourceURLs) > 0 || slices.Contains(rule.Verbs, "*") {
+			t.Fatalf("ClusterRole informerd has rule %v: informerd uses no non-resource URL and no verb but list, watch and create", rule)
+		}
+		for _, g := range rule.APIGroups {
+			for _, r := range rule.Resources {
+				if g == "*" || r == "*" {
+					t.Fatalf("ClusterRole informerd has rule %v: name the resources, so that each is checked", rule)
+				}
+				for _, v := range rule.Verbs {
+					want = append(want, access{g, r, v})
+				}
+				if slices.Contains(rule.Verbs, "watch") {
+					gvr, err := mapper.ResourceFor(schema.GroupVersionResource{Group: g, Resource: r})
+					if err != nil {
+						t.Fatalf("ClusterRole informerd names %s.%s: %v", r, g, err)
+					}
+					served = append(served, gvr)
+				}
+			}
+		}
+	}
+	var perms []permission
+	for _, gvr := range served {
+		perms = append(perms, reads(gvr, ""))
+	}
+	reader := identity(t, perms...)
+	for _, d := range daemons {
+		c := dialWith(t, d.socket, client.WithToken(reader))
+		for _, gvr := range served {
+			openStream(ctx, t, c, client.WatchOptions{Resource: gvr}, "").
+				until(ctx, t, gvr.String()+" in all namespaces", isType(informerdv1.EventType_EVENT_TYPE_SYNCED))
+		}
+	}
+	for _, d := range daemons {
+		d.signal(syscall.SIGTERM)
+	}
+
+	log, err := os.ReadFile(logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(strings.ToLower(string(log)), "forbidden") {
+		t.Errorf("the daemon was refused something with the shipped RBAC; its log:\n%s", log)
+	}
+	if !env.Owned() {
+		t.Skip("the audit log needs the control plane this test binary starts; attached to a running cluster, the ClusterRole's use is not checked")
+	}
+	var allowed map[access]bool
+	var refused, unused []string
+	// The audit event of a LIST is written as its response completes, so
+	// possibly just after the daemon has the objects.
+	auditCtx, cancelAudit := context.WithTimeout(ctx, 15*time.Second)
+	defer cancelAudit()
+	err = waitFor(auditCtx, func() bool {
+		allowed, refused = deployAudit.audited(t, deployUser)
+		unused = unused[:0]
+		for _, a := range want {
+			if !allowed[a] {
+				unused = append(unused, a.String())
+			}
+		}
+		return len(unused) == 0
+	})
+	if err != nil {
+		t.Errorf("in ClusterRole informerd but never used by the daemon: %v", unused)
+	}
+	if len(refused) > 0 {
+		t.Errorf("the API server refused the daemon: %v", refused)
+	}
+	t.Logf("the daemon used %d accesses of ClusterRole informerd's %d", len(want)-len(unused), len(want))
+}
+
+// runExampleClient runs the example client Deployment's container command
+// line (informerctl watch) as the Deployment gives it, with its
+// environment, against socket with token in place of the pod's mounts,
+// until it prints want.
+func runExampleClient(ctx context.Context, t *testing.T, admin kubernetes.Interface, pod *corev1.Pod, socket, token, want string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	dep, err := admin.AppsV1().Deployments(pod.Namespace).Get(ctx, exampleSA, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := dep.Spec.Template.Spec.Containers[0]
+	if len(ctr.Command) != 1 || ctr.Command[0] != "/informerctl" {
+		t.Fatalf("the example client runs %v; this test runs /informerctl", ctr.Command)
+	}
+	tokenPath := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenPath, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{"POD_NAMESPACE": pod.Namespace, "POD_NAME": pod.Name}
+	local := map[string]string{"/var/run/informerd/informerd.sock": socket, client.DefaultTokenFile: tokenPath}
+	var args []string
+	replaced := 0
+	for _, a := range ctr.Args {
+		for v, val := range vars {
+			a = strings.ReplaceAll(a, "$("+v+")", val)
+		}
+		for path, here := range local {
+			if strings.HasSuffix(a, "="+path) {
+				a = strings.TrimSuffix(a, path) + here
+				replaced++
+			}
+		}
+		args = append(args, a)
+	}
+	if replaced != len(local) {
+		t.Fatalf("the example client's args %v do not name the socket and the token file as -flag=%v", ctr.Args, slices.Collect(maps.Keys(local)))
+	}
+	cmd := exec.CommandContext(ctx, informerctlBin.build(t), args...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	sc := bufio.NewScanner(stdout)
+	found := false
+	for !found && sc.Scan() { // ends when the process does (ctx kills it)
+		out.WriteString(sc.Text() + "\n")
+		found = strings.Contains(sc.Text(), want)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if !found {
+		t.Fatalf("the example client (informerctl %v) never printed %q; stdout:\n%s\nstderr:\n%s", args, want, out.String(), stderr.String())
+	}
+}
+
+// runningPod waits for the pod of namespace and selector to be scheduled
+// onto the fake node and running, and returns it.
+func runningPod(ctx context.Context, t *testing.T, admin kubernetes.Interface, namespace, selector string) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	err := waitFor(ctx, func() bool {
+		pods, err := admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return false
+		}
+		for i, p := range pods.Items {
+			if p.Spec.NodeName == controlplane.FakeNodeName && p.Status.Phase == corev1.PodRunning {
+				pod = &pods.Items[i]
+				return true
+			}
+		}
+		return false
+	})
+	if err != nil {
+		events, _ := admin.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{})
+		var msgs []string
+		for _, e := range events.Items {
+			msgs = append(msgs, e.InvolvedObject.Name+": "+e.Reason+": "+e.Message)
+		}
+		t.Fatalf("no pod %s in %s running on %s: %v; events: %v", selector, namespace, controlplane.FakeNodeName, err, msgs)
+	}
+	return pod
+}
+
+// waitFor polls cond until it holds or ctx ends (eventually, returning
+// the error).
+func waitFor(ctx context.Context, cond func() bool) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// tokenKubeconfig writes a kubeconfig for the test control plane that
+// authenticates with token alone.
+func tokenKubeconfig(t *testing.T, token string) string {
+	t.Helper()
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["e2e"] = &clientcmdapi.Cluster{Server: env.APIServerURL, CertificateAuthorityData: env.RESTConfig().CAData}
+	cfg.AuthInfos["e2e"] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: "e2e"}
+	cfg.CurrentContext = "e2e"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

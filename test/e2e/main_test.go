@@ -16,7 +16,13 @@ import (
 var env *controlplane.ControlPlane
 
 func TestMain(m *testing.M) {
-	code := controlplane.Main(m, controlplane.Options{ControllerManager: true, FakeNode: true}, &env)
+	audit, err := startAuditLog()
+	if err != nil {
+		os.Stderr.WriteString("e2e: " + err.Error() + "\n")
+		os.Exit(1)
+	}
+	code := controlplane.Main(m, controlplane.Options{ControllerManager: true, FakeNode: true, APIServerFlags: audit.flags}, &env)
+	audit.remove()
 	if code == 0 {
 		if err := goleak.Find(goleakOptions...); err != nil {
 			os.Stderr.WriteString("e2e: leaked goroutines: " + err.Error() + "\n")

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -61,6 +62,7 @@ type daemonProc struct {
 	socket  string
 	metrics string // http://127.0.0.1:port
 	args    []string
+	out     io.Writer // the process's stdout and stderr; nil: os.Stderr
 	cmd     *exec.Cmd
 	done    chan struct{}
 	// scraper is a token allowed to get /metrics and the heap profile,
@@ -73,6 +75,14 @@ type daemonProc struct {
 // the fake node with authentication on (the reviews as the admin).
 func startDaemonProcess(t *testing.T, socket string, flags ...string) *daemonProc {
 	t.Helper()
+	return startDaemonProcessTo(t, socket, nil, flags...)
+}
+
+// startDaemonProcessTo is startDaemonProcess with the process's output
+// written to out (nil: os.Stderr). A flag given again in flags overrides
+// the default (for example -kubeconfig).
+func startDaemonProcessTo(t *testing.T, socket string, out io.Writer, flags ...string) *daemonProc {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +91,7 @@ func startDaemonProcess(t *testing.T, socket string, flags ...string) *daemonPro
 	l.Close()
 	args := append([]string{"-kubeconfig", env.KubeconfigPath, "-socket", socket, "-metrics-address", addr, "-log-level", "warn",
 		"-node-name", controlplane.FakeNodeName}, flags...)
-	d := &daemonProc{t: t, socket: socket, metrics: "http://" + addr, args: args}
+	d := &daemonProc{t: t, socket: socket, metrics: "http://" + addr, args: args, out: out}
 	d.start()
 	t.Cleanup(func() { d.signal(syscall.SIGTERM) })
 	return d
@@ -90,7 +100,10 @@ func startDaemonProcess(t *testing.T, socket string, flags ...string) *daemonPro
 func (d *daemonProc) start() {
 	d.t.Helper()
 	d.cmd = exec.Command(informerdBin.build(d.t), d.args...)
-	d.cmd.Stdout, d.cmd.Stderr = os.Stderr, os.Stderr
+	d.cmd.Stdout, d.cmd.Stderr = d.out, d.out
+	if d.out == nil {
+		d.cmd.Stdout, d.cmd.Stderr = os.Stderr, os.Stderr
+	}
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)
