@@ -111,7 +111,7 @@ func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("informerd", flag.ContinueOnError)
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
-	fs.StringVar(&c.socket, "socket", "/var/run/informerd/informerd.sock", "Unix socket to serve on (mode 0600); empty: none")
+	fs.StringVar(&c.socket, "socket", "/var/run/informerd/informerd.sock", "Unix socket to serve on (mode 0666: every caller presents a token; 0600 with -insecure-local-only); empty: none")
 	fs.StringVar(&c.listenTCP, "listen-tcp", "", "loopback TCP address to serve on as well, e.g. 127.0.0.1:7650; empty: none")
 	fs.StringVar(&c.metricsAddr, "metrics-address", "127.0.0.1:7651", "address for /metrics, /healthz and /readyz; empty: none")
 	fs.StringVar(&c.scope, "scope", string(cache.ScopeAutomatic), "scope strategy for namespaced resources: automatic, cluster or namespace")
