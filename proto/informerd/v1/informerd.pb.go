@@ -449,7 +449,8 @@ type GroupVersionResource struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// group is the API group; empty for the core group.
 	Group string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
-	// version is the API version, for example "v1".
+	// version is the API version, for example "v1"; empty means the API
+	// server's preferred version of the group.
 	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
 	// resource is the lower-case plural resource name, for example "pods".
 	Resource      string `protobuf:"bytes,3,opt,name=resource,proto3" json:"resource,omitempty"`
