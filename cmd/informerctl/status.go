@@ -13,7 +13,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"golang.org/x/term"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/yaml"
@@ -25,38 +24,59 @@ import (
 	"github.com/informerd/informerd/client"
 )
 
+type statusFlags struct {
+	files, namespace, scope, name string
+	timeout                       time.Duration
+}
+
+var statusCommand = &command{
+	name: "status", args: "-f DIR|FILE|-",
+	summary: "Show the kstatus of manifests' objects live; exit 0 once all are Current",
+	flags: func(fs *flag.FlagSet) any {
+		o := &statusFlags{}
+		fs.StringVar(&o.files, "f", "", "manifests: a file, a directory of .yaml, .yml and .json files, or - for standard input")
+		fs.StringVar(&o.namespace, "namespace", "default", "namespace of the namespaced objects that name none")
+		fs.DurationVar(&o.timeout, "timeout", 0, "give up after this long, naming the objects that are not Current (0: wait until all are)")
+		fs.StringVar(&o.scope, "scope", "automatic", "REST scope strategy: automatic, root or namespace")
+		fs.StringVar(&o.name, "name", "informerctl", "client name shown by informerctl informers")
+		return o
+	},
+	run: func(ctx context.Context, e *env, opts any, args []string) error {
+		return statusCmd(ctx, e, opts.(*statusFlags), args)
+	},
+}
+
 // statusCmd shows the kstatus of the objects of a set of manifests live,
 // and succeeds once all are Current.
-func statusCmd(ctx context.Context, c *client.Client, args []string) error {
-	fs := flag.NewFlagSet("informerctl status", flag.ContinueOnError)
-	files := fs.String("f", "", "manifests: a file, a directory of .yaml, .yml and .json files, or - for standard input")
-	namespace := fs.String("namespace", "default", "namespace of the namespaced objects that name none")
-	timeout := fs.Duration("timeout", 0, "give up after this long, naming the objects that are not Current (0: wait until all are)")
-	scope := fs.String("scope", "automatic", "REST scope strategy: automatic, root or namespace")
-	name := fs.String("name", "informerctl", "client name shown in `informerctl informers`")
-	if err := fs.Parse(args); err != nil {
-		return err
+func statusCmd(ctx context.Context, e *env, o *statusFlags, args []string) error {
+	if len(args) > 0 {
+		return usagef("status", "unexpected arguments %q: give the manifests with -f", args)
 	}
-	if *files == "" {
-		return errors.New("-f is required: a manifest file, a directory, or - for standard input")
+	if o.files == "" {
+		return usagef("status", "-f is required: a manifest file, a directory, or - for standard input")
 	}
 	strategy, ok := map[string]watcher.RESTScopeStrategy{
 		"automatic": watcher.RESTScopeAutomatic, "root": watcher.RESTScopeRoot, "namespace": watcher.RESTScopeNamespace,
-	}[*scope]
+	}[o.scope]
 	if !ok {
-		return fmt.Errorf("-scope %q: want automatic, root or namespace", *scope)
+		return usagef("status", "-scope %q: want automatic, root or namespace", o.scope)
 	}
-	ids, err := readManifests(*files, os.Stdin, *namespace)
+	ids, err := readManifests(o.files, os.Stdin, o.namespace)
 	if err != nil {
 		return err
 	}
-	if *timeout > 0 {
+	if o.timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		ctx, cancel = context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 	}
-	v := newStatusView(os.Stdout, term.IsTerminal(int(os.Stdout.Fd())), ids)
-	sw := client.NewStatusWatcher(c, client.StatusWatcherOptions{ClientName: *name})
+	c, err := e.dial()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	v := newStatusView(e.stdout, e.terminal, ids)
+	sw := client.NewStatusWatcher(c, client.StatusWatcherOptions{ClientName: o.name})
 	return v.run(ctx, sw.Watch(ctx, ids, watcher.Options{RESTScopeStrategy: strategy}))
 }
 
