@@ -393,7 +393,7 @@ func TestInformerctlVersion(t *testing.T) {
 	d := startDaemon(t, cache.Options{})
 	token := tokenFile(t) // any authenticated caller
 	out, errOut, code := ctl(ctx, t, d.socket, token, "version")
-	want := fmt.Sprintf("Client Version: devel (go1.\\d+.*)\nServer Version: %s \\(go1.\\d+.*\\)\n$", regexp.QuoteMeta(version.Version))
+	want := fmt.Sprintf(`^Client Version: \S+ \(go1\.\d+.*\)\nServer Version: %s \(go1\.\d+.*\)\n$`, regexp.QuoteMeta(version.Version))
 	if code != 0 || !regexp.MustCompile(want).MatchString(out) {
 		t.Fatalf("version: exit %d, stderr %q:\n%s", code, errOut, out)
 	}
