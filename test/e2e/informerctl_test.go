@@ -111,10 +111,7 @@ func (p *ctlProc) wait() int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
-var (
-	deployments = schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
-	namespaces  = schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
-)
+var deployments = schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
 
 // TestInformerctlGet: `get` lists (NAME/AGE table, NAMESPACE with -A,
 // wide, json, yaml, name, -l) and gets by name from the daemon; a cluster-
@@ -470,7 +467,8 @@ func TestInformerctlCompletion(t *testing.T) {
 			}
 		}
 	}
-	if err := exec.CommandContext(ctx, bin, "completion", "ksh").Run(); err == nil || err.(*exec.ExitError).ExitCode() != 2 {
+	var exit *exec.ExitError
+	if err := exec.CommandContext(ctx, bin, "completion", "ksh").Run(); !errors.As(err, &exit) || exit.ExitCode() != 2 {
 		t.Fatalf("completion ksh: %v, want exit 2", err)
 	}
 }
