@@ -23,20 +23,13 @@ type addressFlags struct {
 	o      client.AddressOptions
 }
 
-var addressCommand = &command{
-	name: "address", args: "IP:PORT",
-	summary: "Print who is behind an address (a pod IP, or a host IP and hostPort); -w: every change",
-	flags: func(fs *flag.FlagSet) any {
-		o := &addressFlags{}
+var addressCommand = newCommand("address", "IP:PORT",
+	"Print who is behind an address (a pod IP, or a host IP and hostPort); -w: every change",
+	func(fs *flag.FlagSet, o *addressFlags) {
 		fs.BoolVar(&o.follow, "w", false, "watch: print every change until stopped")
 		fs.StringVar(&o.labels, "labels", "", "comma-separated pod label keys to show")
 		fs.StringVar(&o.o.ClientName, "name", "informerctl", "client name shown in the daemon's logs")
-		return o
-	},
-	run: func(ctx context.Context, e *env, opts any, args []string) error {
-		return addressCmd(ctx, e, opts.(*addressFlags), args)
-	},
-}
+	}, addressCmd)
 
 // addressCmd prints who is behind IP:PORT; with -w, every change too.
 func addressCmd(ctx context.Context, e *env, f *addressFlags, args []string) error {

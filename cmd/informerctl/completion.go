@@ -9,28 +9,26 @@ import (
 	"strings"
 )
 
-var completionCommand = &command{
-	name: "completion", args: "bash|zsh|fish",
-	summary: "Print a shell completion script: source <(informerctl completion bash)",
-	flags:   func(*flag.FlagSet) any { return nil },
-	run: func(_ context.Context, e *env, _ any, args []string) error {
-		if len(args) != 1 {
-			return usagef("completion", "want one shell: bash, zsh or fish")
-		}
-		var err error
-		switch args[0] {
-		case "bash":
-			_, err = io.WriteString(e.stdout, bashCompletion())
-		case "zsh":
-			_, err = io.WriteString(e.stdout, "#compdef informerctl\n# zsh completion for informerctl: source <(informerctl completion zsh)\n"+
-				"autoload -U +X compinit && compinit\nautoload -U +X bashcompinit && bashcompinit\n"+bashCompletion())
-		case "fish":
-			_, err = io.WriteString(e.stdout, fishCompletion())
-		default:
-			return usagef("completion", "shell %q: want bash, zsh or fish", args[0])
-		}
-		return writeError(err)
-	},
+var completionCommand = newCommand("completion", "bash|zsh|fish", "Print a shell completion script: source <(informerctl completion bash)",
+	func(*flag.FlagSet, *struct{}) {}, completionCmd)
+
+func completionCmd(_ context.Context, e *env, _ *struct{}, args []string) error {
+	if len(args) != 1 {
+		return usagef("completion", "want one shell: bash, zsh or fish")
+	}
+	var err error
+	switch args[0] {
+	case "bash":
+		_, err = io.WriteString(e.stdout, bashCompletion())
+	case "zsh":
+		_, err = io.WriteString(e.stdout, "#compdef informerctl\n# zsh completion for informerctl: source <(informerctl completion zsh)\n"+
+			"autoload -U +X compinit && compinit\nautoload -U +X bashcompinit && bashcompinit\n"+bashCompletion())
+	case "fish":
+		_, err = io.WriteString(e.stdout, fishCompletion())
+	default:
+		return usagef("completion", "shell %q: want bash, zsh or fish", args[0])
+	}
+	return writeError(err)
 }
 
 // flagInfo describes a flag for completion.

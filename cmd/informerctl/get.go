@@ -76,18 +76,9 @@ func (o *objectFlags) options(gvr schema.GroupVersionResource) client.WatchOptio
 	return wo
 }
 
-var getCommand = &command{
-	name: "get", args: "RESOURCE [NAME...]",
-	summary: "Print objects from the daemon's informers (RESOURCE[.VERSION][.GROUP], e.g. configmaps, deployments.apps)",
-	flags: func(fs *flag.FlagSet) any {
-		o := &objectFlags{}
-		o.register(fs)
-		return o
-	},
-	run: func(ctx context.Context, e *env, opts any, args []string) error {
-		return getCmd(ctx, e, opts.(*objectFlags), args)
-	},
-}
+var getCommand = newCommand("get", "RESOURCE [NAME...]",
+	"Print objects from the daemon's informers (RESOURCE[.VERSION][.GROUP], e.g. configmaps, deployments.apps)",
+	func(fs *flag.FlagSet, o *objectFlags) { o.register(fs) }, getCmd)
 
 func getCmd(ctx context.Context, e *env, o *objectFlags, args []string) error {
 	if len(args) == 0 {
@@ -242,20 +233,12 @@ func printObjects(e *env, o *objectFlags, objs []*unstructured.Unstructured, sin
 	return writeError((&table{}).print(e.stdout, rows...))
 }
 
-var watchCommand = &command{
-	name: "watch", args: "RESOURCE",
-	summary: "Print the objects of a resource, SYNCED, then every change until stopped",
-	flags: func(fs *flag.FlagSet) any {
-		o := &objectFlags{}
+var watchCommand = newCommand("watch", "RESOURCE", "Print the objects of a resource, SYNCED, then every change until stopped",
+	func(fs *flag.FlagSet, o *objectFlags) {
 		o.register(fs)
 		fs.StringVar(&o.resource, "resource", "", "the RESOURCE argument, as a flag (an earlier spelling)")
 		fs.StringVar(&o.clientName, "name", "informerctl", "the same as -client-name (an earlier spelling)")
-		return o
-	},
-	run: func(ctx context.Context, e *env, opts any, args []string) error {
-		return watchCmd(ctx, e, opts.(*objectFlags), args)
-	},
-}
+	}, watchCmd)
 
 func watchCmd(ctx context.Context, e *env, o *objectFlags, args []string) error {
 	if o.resource != "" {

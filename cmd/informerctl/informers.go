@@ -18,21 +18,14 @@ type informersFlags struct {
 	interval time.Duration
 }
 
-var informersCommand = &command{
-	name: "informers", args: "",
-	summary: "List the daemon's informers: state, refs, objects, lag, events, holders; -w refreshes it with each one's event rate",
-	flags: func(fs *flag.FlagSet) any {
-		o := &informersFlags{}
+var informersCommand = newCommand("informers", "",
+	"List the daemon's informers: state, refs, objects, lag, events, holders; -w refreshes it with each one's event rate",
+	func(fs *flag.FlagSet, o *informersFlags) {
 		for _, n := range []string{"w", "watch"} {
 			fs.BoolVar(&o.watch, n, false, "refresh every -interval until stopped: in place on a terminal, else a new table each time")
 		}
 		fs.DurationVar(&o.interval, "interval", 2*time.Second, "how often -w refreshes")
-		return o
-	},
-	run: func(ctx context.Context, e *env, opts any, args []string) error {
-		return informersCmd(ctx, e, opts.(*informersFlags), args)
-	},
-}
+	}, informersCmd)
 
 func informersCmd(ctx context.Context, e *env, o *informersFlags, args []string) error {
 	if len(args) > 0 {

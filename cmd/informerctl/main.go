@@ -54,6 +54,15 @@ type command struct {
 	run func(ctx context.Context, e *env, opts any, args []string) error
 }
 
+// newCommand makes a command whose flags fill a T.
+func newCommand[T any](name, args, summary string, flags func(*flag.FlagSet, *T), run func(context.Context, *env, *T, []string) error) *command {
+	return &command{
+		name: name, args: args, summary: summary,
+		flags: func(fs *flag.FlagSet) any { o := new(T); flags(fs, o); return o },
+		run:   func(ctx context.Context, e *env, o any, args []string) error { return run(ctx, e, o.(*T), args) },
+	}
+}
+
 // commands in the order usage lists them; init fills it, as completion
 // refers to it.
 var commands []*command

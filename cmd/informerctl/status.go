@@ -29,22 +29,14 @@ type statusFlags struct {
 	timeout                       time.Duration
 }
 
-var statusCommand = &command{
-	name: "status", args: "-f DIR|FILE|-",
-	summary: "Show the kstatus of manifests' objects live; exit 0 once all are Current",
-	flags: func(fs *flag.FlagSet) any {
-		o := &statusFlags{}
+var statusCommand = newCommand("status", "-f DIR|FILE|-", "Show the kstatus of manifests' objects live; exit 0 once all are Current",
+	func(fs *flag.FlagSet, o *statusFlags) {
 		fs.StringVar(&o.files, "f", "", "manifests: a file, a directory of .yaml, .yml and .json files, or - for standard input")
 		fs.StringVar(&o.namespace, "namespace", "default", "namespace of the namespaced objects that name none")
 		fs.DurationVar(&o.timeout, "timeout", 0, "give up after this long, naming the objects that are not Current (0: wait until all are)")
 		fs.StringVar(&o.scope, "scope", "automatic", "REST scope strategy: automatic, root or namespace")
 		fs.StringVar(&o.name, "name", "informerctl", "client name shown by informerctl informers")
-		return o
-	},
-	run: func(ctx context.Context, e *env, opts any, args []string) error {
-		return statusCmd(ctx, e, opts.(*statusFlags), args)
-	},
-}
+	}, statusCmd)
 
 // statusCmd shows the kstatus of the objects of a set of manifests live,
 // and succeeds once all are Current.

@@ -15,21 +15,13 @@ type versionFlags struct {
 	output     string
 }
 
-var versionCommand = &command{
-	name: "version", args: "",
-	summary: "Print informerctl's version and the daemon's",
-	flags: func(fs *flag.FlagSet) any {
-		o := &versionFlags{}
+var versionCommand = newCommand("version", "", "Print informerctl's version and the daemon's",
+	func(fs *flag.FlagSet, o *versionFlags) {
 		fs.BoolVar(&o.clientOnly, "client", false, "informerctl's version only: do not ask the daemon")
 		for _, n := range []string{"o", "output"} {
 			fs.StringVar(&o.output, n, "", "output format: json or yaml; empty: text")
 		}
-		return o
-	},
-	run: func(ctx context.Context, e *env, opts any, args []string) error {
-		return versionCmd(ctx, e, opts.(*versionFlags), args)
-	},
-}
+	}, versionCmd)
 
 // versionInfo is one binary's version, as -o json prints it.
 type versionInfo struct {
