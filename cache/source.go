@@ -431,7 +431,8 @@ type Status struct {
 	MaxLagEvents    uint64
 	Message         string
 	// EventsIn is how many events the Source has received from the API
-	// server since it started (a relist counts the changes it found).
+	// server since its first list, which is not counted (a relist counts
+	// the changes it found).
 	EventsIn uint64
 }
 

@@ -1044,7 +1044,8 @@ type Informer struct {
 	// else its own.
 	Subscribers []*Subscriber `protobuf:"bytes,13,rep,name=subscribers,proto3" json:"subscribers,omitempty"`
 	// events_in is how many events the informer has received from the API
-	// server since it started (a relist counts the changes it found); two
+	// server since its first list, which is not counted (a relist counts
+	// the changes it found); two
 	// readings give its event rate. Zero for a caller that sees only its own
 	// streams.
 	EventsIn      uint64 `protobuf:"varint,14,opt,name=events_in,json=eventsIn,proto3" json:"events_in,omitempty"`
