@@ -39,7 +39,7 @@ func informersCmd(ctx context.Context, e *env, o *informersFlags, args []string)
 		return err
 	}
 	defer c.Close()
-	v := &informersView{out: e.stdout, watch: o.watch, terminal: e.terminal}
+	v := &informersView{out: e.stdout, watch: o.watch, terminal: e.terminal, width: e.width}
 	tick := time.NewTicker(o.interval)
 	defer tick.Stop()
 	for {
@@ -67,6 +67,7 @@ func informersCmd(ctx context.Context, e *env, o *informersFlags, args []string)
 type informersView struct {
 	out             io.Writer
 	watch, terminal bool
+	width           func() int // the terminal's; nil: unknown
 
 	lines int                // the table's height on the terminal, to redraw it
 	prev  map[string]reading // the previous refresh's readings, by informer
@@ -88,10 +89,14 @@ func (v *informersView) draw(infs []*informerdv1.Informer, now time.Time) error 
 	case v.watch && !v.terminal && v.lines > 0:
 		b.WriteString("\n")
 	}
-	var t table
-	start := b.Len()
-	_ = t.print(&b, rows...) // a Builder does not fail
-	v.lines = strings.Count(b.String()[start:], "\n")
+	var t, tb = table{}, strings.Builder{}
+	_ = t.print(&tb, rows...) // a Builder does not fail
+	text := tb.String()
+	if v.watch && v.terminal && v.width != nil { // one row per line, or the redraw would miss the wrapped ones
+		text = truncateLines(text, v.width())
+	}
+	v.lines = strings.Count(text, "\n")
+	b.WriteString(text)
 	_, err := io.WriteString(v.out, b.String())
 	return writeError(err)
 }

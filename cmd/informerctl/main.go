@@ -84,8 +84,10 @@ func lookup(name string) *command {
 // daemon.
 type env struct {
 	stdout, stderr io.Writer
-	// terminal: stdout is a terminal (tables are redrawn in place).
+	// terminal: stdout is a terminal (tables are redrawn in place);
+	// width, if set, returns its width now (0: unknown).
 	terminal bool
+	width    func() int
 	conn     connFlags
 }
 
@@ -123,7 +125,7 @@ func (e *env) dial() (*client.Client, error) {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, terminal: isTerminal(os.Stdout), conn: defaultConn})
+	code := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, terminal: isTerminal(os.Stdout), width: terminalWidth(os.Stdout), conn: defaultConn})
 	stop()
 	os.Exit(code)
 }

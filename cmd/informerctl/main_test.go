@@ -214,3 +214,23 @@ func TestDescribeError(t *testing.T) {
 		t.Errorf("an object not found has a hint: %q", got)
 	}
 }
+
+// TestInformersRedraw: on a terminal, -w redraws the table in place: it
+// moves up over the previous one, whose lines are cut to the terminal's
+// width so that each took one row.
+func TestInformersRedraw(t *testing.T) {
+	var b strings.Builder
+	v := &informersView{out: &b, watch: true, terminal: true, width: func() int { return 20 }}
+	infs := []*informerdv1.Informer{{Resource: &informerdv1.GroupVersionResource{Version: "v1", Resource: "configmaps"}, State: "synced"}}
+	now := time.Now()
+	for i := range 2 {
+		if err := v.draw(infs, now.Add(time.Duration(i)*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := b.String()
+	first, second, ok := strings.Cut(out, "\x1b[2F\x1b[J")
+	if !ok || first != "RESOURCE        NAME\nconfigmaps.v1   *   \n" || second != first {
+		t.Fatalf("terminal output %q: want a 2-line table cut to 20 columns, then the same redrawn over it", out)
+	}
+}

@@ -18,6 +18,38 @@ import (
 
 func isTerminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }
 
+// terminalWidth returns a function that reads f's width in columns (0 if
+// f is not a terminal), again at each call, to follow resizes.
+func terminalWidth(f *os.File) func() int {
+	return func() int {
+		w, _, err := term.GetSize(int(f.Fd()))
+		if err != nil {
+			return 0
+		}
+		return w
+	}
+}
+
+// truncateLines cuts every line of s to at most width runes (0: no
+// limit), so that a table redrawn in place takes one terminal row per line.
+func truncateLines(s string, width int) string {
+	if width <= 0 {
+		return s
+	}
+	lines := strings.SplitAfter(s, "\n")
+	for i, l := range lines {
+		body, nl := strings.CutSuffix(l, "\n")
+		if r := []rune(body); len(r) > width {
+			body = string(r[:width])
+		}
+		if nl {
+			body += "\n"
+		}
+		lines[i] = body
+	}
+	return strings.Join(lines, "")
+}
+
 // table prints rows in columns, as kubectl does: each column as wide as
 // its widest cell so far, separated by three spaces, the last column
 // unpadded. Rows printed later keep the widths of earlier ones (growing

@@ -68,6 +68,7 @@ func statusCmd(ctx context.Context, e *env, o *statusFlags, args []string) error
 	}
 	defer c.Close()
 	v := newStatusView(e.stdout, e.terminal, ids)
+	v.width = e.width
 	sw := client.NewStatusWatcher(c, client.StatusWatcherOptions{ClientName: o.name})
 	return v.run(ctx, sw.Watch(ctx, ids, watcher.Options{RESTScopeStrategy: strategy}))
 }
@@ -80,8 +81,9 @@ type statusView struct {
 	ids      object.ObjMetadataSet // in the manifests' order
 	latest   map[object.ObjMetadata]*event.ResourceStatus
 	synced   bool
-	lines    int       // the table's height on the terminal, to redraw it
-	drawn    time.Time // when the table was last drawn
+	width    func() int // the terminal's width; nil: unknown
+	lines    int        // the table's height on the terminal, to redraw it
+	drawn    time.Time  // when the table was last drawn
 }
 
 func newStatusView(out io.Writer, terminal bool, ids object.ObjMetadataSet) *statusView {
@@ -149,8 +151,12 @@ func (v *statusView) draw(final bool) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", st, kind, id.Namespace, id.Name, msg)
 	}
 	_ = tw.Flush()
-	v.lines = strings.Count(b.String(), "\n")
-	_, _ = io.WriteString(v.out, b.String()) // a terminal that went away: nothing to do
+	text := b.String()
+	if v.width != nil { // one row per line, or the redraw would miss the wrapped ones
+		text = truncateLines(text, v.width())
+	}
+	v.lines = strings.Count(text, "\n")
+	_, _ = io.WriteString(v.out, text) // a terminal that went away: nothing to do
 }
 
 // notCurrent describes the objects whose latest status is not Current.
