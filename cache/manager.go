@@ -442,10 +442,14 @@ func (m *Manager) mapping(req Request) (*meta.RESTMapping, error) {
 }
 
 func gvrString(gvr schema.GroupVersionResource) string {
-	if gvr.Group == "" {
-		return gvr.Resource + " (" + gvr.Version + ")"
+	s := gvr.Resource
+	if gvr.Group != "" {
+		s += "." + gvr.Group
 	}
-	return gvr.Resource + "." + gvr.Group + " (" + gvr.Version + ")"
+	if gvr.Version != "" {
+		s += " (" + gvr.Version + ")"
+	}
+	return s
 }
 
 // scopeTTL is how long a ScopeAutomatic decision is remembered.

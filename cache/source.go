@@ -56,6 +56,9 @@ type Source struct {
 	refused string
 	// terminal is set when the Source will publish nothing more.
 	terminal error
+	// eventsIn counts the events received from the API server, as the
+	// informerd_events_in_total metric does.
+	eventsIn uint64
 	// notify is closed and replaced whenever anything above changes.
 	notify chan struct{}
 	// subs are the open subscriptions, whose cursors give the lag.
@@ -384,6 +387,7 @@ func (s *Source) publishList(objs []*Object, listRV string) {
 	}
 	s.events.bookmark(rv, listRV)
 	s.hooks.eventsIn.Add(float64(changed))
+	s.eventsIn += uint64(changed)
 	s.hooks.objects.Add(float64(s.events.len() - before))
 	s.broadcastLocked()
 }
@@ -413,6 +417,7 @@ func (s *Source) publishEvent(t EventType, obj *Object, rvStr string) {
 	}
 	s.hooks.objects.Add(float64(s.events.len() - before))
 	s.hooks.eventsIn.Inc()
+	s.eventsIn++
 	s.broadcastLocked()
 }
 
@@ -425,6 +430,10 @@ type Status struct {
 	ResourceVersion string
 	MaxLagEvents    uint64
 	Message         string
+	// EventsIn is how many events the Source has received from the API
+	// server since its first list, which is not counted (a relist counts
+	// the changes it found).
+	EventsIn uint64
 }
 
 func (s *Source) status() Status {
@@ -433,7 +442,7 @@ func (s *Source) status() Status {
 	l := s.events
 	st := Status{
 		Key: s.key, State: s.state, Objects: l.len(), LogEvents: len(l.entries) - l.start,
-		ResourceVersion: l.lastPos,
+		ResourceVersion: l.lastPos, EventsIn: s.eventsIn,
 	}
 	for sub := range s.subs {
 		if sub.cursor.seq < l.last.seq {

@@ -47,14 +47,13 @@ func (s *Server) WatchAddress(req *informerdv1.WatchAddressRequest, stream infor
 	}
 	w := s.addresses.Watch(areq)
 	defer w.Close()
-	log := s.log.With("client", holder, "address", areq.Address.String())
+	log := callerOf(ctx).log.With("client", holder, "address", areq.Address.String())
 	log.Debug("address stream started")
 	out := startSender(stream, s.opts.WriteTimeout)
 	defer out.close()
 	for {
 		a, err := w.Next(ctx)
 		if err != nil {
-			log.Debug("address stream ended", "err", err)
 			return s.endStream(ctx, err)
 		}
 		if err := out.send(ctx, answerProto(a, w.LabelKeys())); err != nil {

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +27,9 @@ type caller struct {
 	// decisions expire.
 	token string
 	peer  auth.Peer
+	// log carries the caller and peer, and the stream's id on a stream:
+	// every line a request logs has them.
+	log *slog.Logger
 }
 
 type callerKey struct{}
@@ -68,6 +72,7 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 			errLimit, c.name, s.opts.Limits.MaxStreamsPerCaller))
 	}
 	defer s.streams.release(c.name)
+	c.log = c.log.With("stream", s.streamIDs.Add(1))
 	return handler(srv, &callerStream{ServerStream: ss, ctx: ctx})
 }
 
@@ -87,7 +92,7 @@ func (s *Server) authenticate(ctx context.Context) (context.Context, error) {
 		return nil, s.reject(fmt.Errorf("%w: the socket admits only uids %v (allowed-uids); this caller is %s", auth.ErrDenied, s.opts.AllowedUIDs, p))
 	}
 	if s.opts.InsecureLocalOnly {
-		return context.WithValue(ctx, callerKey{}, &caller{name: p.Key(), peer: p}), nil
+		return context.WithValue(ctx, callerKey{}, &caller{name: p.Key(), peer: p, log: s.callerLog(p.Key(), p)}), nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	values := md.Get("authorization")
@@ -96,7 +101,12 @@ func (s *Server) authenticate(ctx context.Context) (context.Context, error) {
 		return nil, s.reject(err)
 	}
 	token, _ := auth.ParseBearer(values) // Authenticate accepted it
-	return context.WithValue(ctx, callerKey{}, &caller{name: user.Name, user: user, token: token, peer: p}), nil
+	return context.WithValue(ctx, callerKey{}, &caller{name: user.Name, user: user, token: token, peer: p, log: s.callerLog(user.Name, p)}), nil
+}
+
+// callerLog returns the logger of a caller's requests.
+func (s *Server) callerLog(name string, p auth.Peer) *slog.Logger {
+	return s.log.With("caller", name, "peer", p.String())
 }
 
 // reject maps err for a request refused before its handler ran, and

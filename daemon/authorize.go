@@ -113,10 +113,10 @@ func (s *Server) recheck(ctx context.Context, cancel context.CancelCauseFunc, c 
 		case err == nil:
 			arm(next)
 		case errors.Is(err, auth.ErrDenied), errors.Is(err, auth.ErrUnauthenticated):
-			s.log.Info("stream ended by a re-check", "caller", c.name, "peer", c.peer.String(), "reason", err)
+			c.log.Info("stream ended by a re-check", "reason", err)
 			cancel(toStatus(err))
 		default: // unknown: keep serving, ask again soon
-			s.log.Warn("stream re-check failed; trying again", "caller", c.name, "err", err, "retry", recheckRetry)
+			c.log.Warn("stream re-check failed; trying again", "err", err, "retry", recheckRetry)
 			arm(time.Now().Add(recheckRetry))
 		}
 	}

@@ -12,9 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +29,7 @@ import (
 	"github.com/informerd/informerd/address"
 	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/cache"
+	"github.com/informerd/informerd/internal/version"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 	statusengine "github.com/informerd/informerd/status"
 )
@@ -156,6 +159,8 @@ type Server struct {
 	// addresses answers WatchAddress; addressReads are what it reads.
 	addresses    *address.Tracker
 	addressReads []access
+	// streamIDs numbers the streams, for their log lines.
+	streamIDs atomic.Uint64
 }
 
 var _ informerdv1.InformerServiceServer = (*Server)(nil)
@@ -255,7 +260,7 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 	encode := func(e *cache.Event) frame { return encodeEvent(e, view, apiVersion, kind) }
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
-	log := s.log.With("client", creq.Holder, "caller", c.name, "peer", c.peer.String(), "informer", sub.Key().String())
+	log := c.log.With("client", creq.Holder, "informer", sub.Key().String())
 	log.Debug("stream started", "resume", creq.Resume)
 	out := startSender(stream, s.opts.WriteTimeout)
 	defer out.close()
@@ -264,7 +269,6 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 	for {
 		if len(pending) == 0 {
 			if pending, err = sub.Next(ctx, s.opts.MaxBatchEvents); err != nil {
-				log.Debug("stream ended", "err", err)
 				return s.endStream(ctx, err)
 			}
 		}
@@ -368,16 +372,20 @@ func (s *Server) requestContext(client context.Context) (ctx context.Context, ca
 // it and to the caller as its owner, and authorizes the caller for it;
 // see authorize.
 func (s *Server) authorizeRequest(ctx context.Context, creq *cache.Request, labelSelector string) (context.Context, error) {
-	gvr, _, err := s.opts.Cache.ResolveResource(ctx, *creq)
+	gvr, namespaced, err := s.opts.Cache.ResolveResource(ctx, *creq)
 	if err != nil {
 		return ctx, err
+	}
+	if !namespaced {
+		creq.Namespace = "" // a cluster-scoped resource has none: ignored, as kubectl does
 	}
 	creq.GVR, creq.Kind, creq.Owner = gvr, "", callerOf(ctx).name
 	return s.authorize(ctx, access{GVR: gvr, Namespace: creq.Namespace, LabelSelector: labelSelector, FieldSelector: creq.FieldSelector})
 }
 
-// endStream maps the error that ended a stream, telling a shutdown apart
-// from the client leaving and from a re-check's verdict.
+// endStream maps the error that ended a stream (or a unary request),
+// telling a shutdown apart from the client leaving and from a re-check's
+// verdict, and logs it with the caller (at debug level).
 func (s *Server) endStream(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		if cause := context.Cause(ctx); !errors.Is(cause, ctx.Err()) {
@@ -388,6 +396,9 @@ func (s *Server) endStream(ctx context.Context, err error) error {
 	}
 	st := toStatus(err)
 	s.metrics.requestErrors.WithLabelValues(status.Code(st).String()).Inc()
+	if c := callerOf(ctx); c != nil {
+		c.log.Debug("request ended", "code", status.Code(st).String(), "err", status.Convert(st).Message())
+	}
 	return st
 }
 
@@ -467,6 +478,12 @@ func (s *Server) Get(ctx context.Context, req *informerdv1.GetRequest) (*informe
 	return &informerdv1.GetResponse{Object: data}, nil
 }
 
+// Version implements the Version RPC: the daemon's build, for any
+// authenticated caller.
+func (s *Server) Version(context.Context, *informerdv1.VersionRequest) (*informerdv1.VersionResponse, error) {
+	return &informerdv1.VersionResponse{Version: version.Version, GoVersion: runtime.Version()}, nil
+}
+
 // introspectPath is the non-resource URL a caller must be allowed to get
 // to see every informer and stream; others see their own.
 const introspectPath = "/informerd/informers"
@@ -509,9 +526,10 @@ func (s *Server) ListInformers(ctx context.Context, _ *informerdv1.ListInformers
 			MaxLagEvents:    int64(in.MaxLagEvents),
 			Message:         in.Message,
 			Encoding:        encodingOf(in.Key),
+			EventsIn:        in.EventsIn,
 		}
 		if !all {
-			inf.Holders, inf.RefCount, inf.Objects, inf.MaxLagEvents = nil, int32(len(mine)), 0, 0
+			inf.Holders, inf.RefCount, inf.Objects, inf.MaxLagEvents, inf.EventsIn = nil, int32(len(mine)), 0, 0, 0
 			for _, h := range mine {
 				inf.Holders = append(inf.Holders, h.client)
 			}

@@ -42,7 +42,7 @@ func (s *Server) WatchStatus(req *informerdv1.WatchStatusRequest, stream informe
 	defer w.Close()
 	s.metrics.statusStreams.Inc()
 	defer s.metrics.statusStreams.Dec()
-	log := s.log.With("client", sreq.Holder)
+	log := callerOf(ctx).log.With("client", sreq.Holder)
 	log.Debug("status stream started", "objects", len(sreq.IDs))
 	out := startSender(stream, s.opts.WriteTimeout)
 	defer out.close()

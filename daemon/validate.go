@@ -72,8 +72,8 @@ func validateResource(r *informerdv1.GroupVersionResource, kind, namespace strin
 		if errs := validation.IsDNS1035Label(strings.ToLower(kind)); len(errs) > 0 {
 			return invalid("kind %s: %s", quote(kind), errs[0])
 		}
-	case r.GetVersion() == "" || r.GetResource() == "":
-		return invalid("resource: version and resource (or kind) are required, for example version %q, resource %q", "v1", "configmaps")
+	case r.GetResource() == "":
+		return invalid("resource: resource (or kind) is required, for example resource %q", "configmaps")
 	default:
 		if errs := validation.IsDNS1123Subdomain(r.GetResource()); len(errs) > 0 {
 			return invalid("resource.resource %s: %s (use the lower-case plural, for example %q)", quote(r.GetResource()), errs[0], "deployments")

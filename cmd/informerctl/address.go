@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"maps"
 	"net/netip"
 	"slices"
@@ -18,45 +17,49 @@ import (
 // errAnswered ends a watch after its first answer.
 var errAnswered = errors.New("answered")
 
+type addressFlags struct {
+	follow bool
+	labels string
+	o      client.AddressOptions
+}
+
+var addressCommand = newCommand("address", "IP:PORT",
+	"Print who is behind an address (a pod IP, or a host IP and hostPort); -w: every change",
+	func(fs *flag.FlagSet, o *addressFlags) {
+		fs.BoolVar(&o.follow, "w", false, "watch: print every change until stopped")
+		fs.StringVar(&o.labels, "labels", "", "comma-separated pod label keys to show")
+		fs.StringVar(&o.o.ClientName, "name", "informerctl", "client name shown in the daemon's logs")
+	}, addressCmd)
+
 // addressCmd prints who is behind IP:PORT; with -w, every change too.
-func addressCmd(ctx context.Context, c *client.Client, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("informerctl address", flag.ContinueOnError)
-	follow := fs.Bool("w", false, "watch: print every change until stopped")
-	labels := fs.String("labels", "", "comma-separated pod label keys to show")
-	var o client.AddressOptions
-	fs.StringVar(&o.ClientName, "name", "informerctl", "client name shown in the daemon's logs")
-	// Flags may come before or after IP:PORT.
-	if err := fs.Parse(args); err != nil {
-		return err
+func addressCmd(ctx context.Context, e *env, f *addressFlags, args []string) error {
+	if len(args) != 1 {
+		return usagef("address", "want one IP:PORT, for example 10.244.0.7:8080 or [fd00::7]:8080")
 	}
-	if fs.NArg() == 0 {
-		return errors.New("address: missing IP:PORT, for example 10.244.0.7:8080 or [fd00::7]:8080")
-	}
-	target := fs.Arg(0)
-	if err := fs.Parse(fs.Args()[1:]); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("address: unexpected arguments %q", fs.Args())
-	}
+	target, o, out := args[0], f.o, e.stdout
 	addr, err := netip.ParseAddrPort(target)
 	if err != nil {
-		return fmt.Errorf("address %q: want IP:PORT, for example 10.244.0.7:8080 or [fd00::7]:8080", target)
+		return usagef("address", "address %q: want IP:PORT, for example 10.244.0.7:8080 or [fd00::7]:8080", target)
 	}
 	o.Address = addr
-	if *labels != "" {
-		o.LabelKeys = strings.Split(*labels, ",")
+	if f.labels != "" {
+		o.LabelKeys = strings.Split(f.labels, ",")
 	}
+	c, err := e.dial()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var wo client.AddressWatcherOptions
-	if !*follow {
+	if !f.follow {
 		// One answer or the first error: no reconnecting.
 		wo.OnError = func(err error) { cancel(err) }
 	}
 	w := client.NewAddressWatcher(c, o, func(a *informerdv1.WatchAddressResponse) {
 		fmt.Fprintln(out, formatAnswer(a))
-		if !*follow {
+		if !f.follow {
 			cancel(errAnswered)
 		}
 	}, wo)

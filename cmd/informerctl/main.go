@@ -1,28 +1,23 @@
-// Command informerctl talks to an informerd daemon:
+// Command informerctl talks to the informerd daemon of its node, with
+// kubectl's habits:
 //
-//	informerctl [-address A] [-token-file F] informers            list informers, holders and lag
-//	informerctl [-address A] [-token-file F] watch -resource R    stream changes of a resource
-//	informerctl [-address A] [-token-file F] address IP:PORT [-w] who is behind an address
-//	informerctl [-address A] [-token-file F] status -f DIR|FILE|- show the kstatus of manifests' objects live
+//	informerctl informers [-w]                       informers, holders, lag and event rate
+//	informerctl get RESOURCE [NAME...] [-o FORMAT]   objects from the daemon's informers
+//	informerctl watch RESOURCE [-o FORMAT]           their changes, until stopped
+//	informerctl address IP:PORT [-w]                 who is behind an address
+//	informerctl status -f DIR|FILE|-                 the live kstatus of manifests' objects
+//	informerctl version                              informerctl's and the daemon's versions
+//	informerctl completion bash|zsh|fish             a shell completion script
 //
-// Every call carries the token in -token-file (default
-// /var/run/secrets/informerd/token), a projected ServiceAccount token with
-// informerd's audience; the daemon reviews it and authorizes each watch as
-// that ServiceAccount. `informers` lists the caller's own streams unless it
-// may get /informerd/informers.
+// Connection flags (-address, -token-file, -ca-file, -server-name) go
+// before or after the command. Every call carries the token in -token-file
+// (default /var/run/secrets/informerd/token), a projected ServiceAccount
+// token with informerd's audience; the daemon reviews it and authorizes
+// each request as that ServiceAccount. docs/informerctl.md describes
+// each command's output.
 //
-// watch prints one tab-separated line per change (ADDED, MODIFIED or
-// DELETED, the object's key, its resourceVersion) and SYNCED once the
-// snapshot is complete, until it is stopped.
-//
-// address prints the answer for an address as one line (see printAnswer)
-// and, with -w, one line per change until it is stopped.
-//
-// status shows a table of the objects' kstatus, redrawn in place on a
-// terminal (else one tab-separated line per change: status, object,
-// message; SYNCED once every object's status is known). It exits 0 once
-// every object is Current, and 1 naming the objects that are not when
-// -timeout expires.
+// Exit codes: 0 success, 1 an error (from the daemon or the connection),
+// 2 a usage error (unknown command or flag, missing argument).
 package main
 
 import (
@@ -30,160 +25,217 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 
 	"google.golang.org/grpc"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/informerd/informerd/client"
-	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "informerctl:", err)
-		os.Exit(1)
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// command is one informerctl command.
+type command struct {
+	name, args, summary string
+	// flags registers the command's own flags (the connection flags are
+	// added to every command's set).
+	flags func(fs *flag.FlagSet) any
+	// run runs the command with its parsed flags (what flags returned) and
+	// positional arguments.
+	run func(ctx context.Context, e *env, opts any, args []string) error
+}
+
+// newCommand makes a command whose flags fill a T.
+func newCommand[T any](name, args, summary string, flags func(*flag.FlagSet, *T), run func(context.Context, *env, *T, []string) error) *command {
+	return &command{
+		name: name, args: args, summary: summary,
+		flags: func(fs *flag.FlagSet) any { o := new(T); flags(fs, o); return o },
+		run:   func(ctx context.Context, e *env, o any, args []string) error { return run(ctx, e, o.(*T), args) },
 	}
 }
 
-func run(args []string) error {
+// commands in the order usage lists them; init fills it, as completion
+// refers to it.
+var commands []*command
+
+func init() {
+	commands = []*command{informersCommand, getCommand, watchCommand, addressCommand, statusCommand, versionCommand, completionCommand}
+}
+
+func lookup(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// env is what commands share: where they print and how they reach the
+// daemon.
+type env struct {
+	stdout, stderr io.Writer
+	// terminal: stdout is a terminal (tables are redrawn in place);
+	// width, if set, returns its width now (0: unknown).
+	terminal bool
+	width    func() int
+	conn     connFlags
+}
+
+// connFlags say how to reach the daemon.
+type connFlags struct {
+	address, tokenFile, caFile, serverName string
+	tokenSet                               bool // -token-file was given
+}
+
+// defaultConn are the connection flags' defaults.
+var defaultConn = connFlags{address: client.DefaultSocket, serverName: "informerd"}
+
+// register adds the connection flags to fs, with c's values as defaults.
+func (c *connFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.address, "address", c.address, "daemon address: a Unix socket path, or host:port (TLS unless loopback)")
+	fs.Func("token-file", "`FILE` with the caller's ServiceAccount token for informerd's audience, read again when it changes (default "+client.DefaultTokenFile+")", func(s string) error {
+		c.tokenFile, c.tokenSet = s, true
+		return nil
+	})
+	fs.StringVar(&c.caFile, "ca-file", c.caFile, "PEM CA bundle to verify the daemon's TLS certificate with; empty: no TLS (Unix socket or loopback only)")
+	fs.StringVar(&c.serverName, "server-name", c.serverName, "name the daemon's TLS certificate is checked for, with -ca-file")
+}
+
+// dial connects to the daemon (lazily: errors come with the first call).
+func (e *env) dial() (*client.Client, error) {
+	var opts []grpc.DialOption
+	if e.conn.tokenSet { // Dial reads the default token file, if it exists, by itself
+		opts = append(opts, client.WithTokenFile(e.conn.tokenFile))
+	}
+	if e.conn.caFile != "" {
+		opts = append(opts, client.WithTLS(e.conn.caFile, e.conn.serverName))
+	}
+	return client.Dial(e.conn.address, opts...)
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, terminal: isTerminal(os.Stdout), width: terminalWidth(os.Stdout), conn: defaultConn})
+	stop()
+	os.Exit(code)
+}
+
+// usageError is a mistake in the command line: exit code 2.
+type usageError struct {
+	err error
+	cmd string // the command whose usage helps; "" for informerctl's
+}
+
+func (u usageError) Error() string { return u.err.Error() }
+
+func usagef(cmd, format string, args ...any) error {
+	return usageError{err: fmt.Errorf(format, args...), cmd: cmd}
+}
+
+// run runs the command line args and returns the exit code.
+func run(ctx context.Context, args []string, e *env) int {
+	err := dispatch(ctx, args, e)
+	var u usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK // usage was printed
+	case errors.As(err, &u):
+		fmt.Fprintf(e.stderr, "error: %v\n", u.err)
+		if u.cmd != "" {
+			fmt.Fprintf(e.stderr, "See 'informerctl %s -h' for usage.\n", u.cmd)
+		} else {
+			fmt.Fprintln(e.stderr, "See 'informerctl -h' for usage.")
+		}
+		return exitUsage
+	default:
+		fmt.Fprintln(e.stderr, describeError(err, e.conn.address))
+		return exitError
+	}
+}
+
+func dispatch(ctx context.Context, args []string, e *env) error {
 	fs := flag.NewFlagSet("informerctl", flag.ContinueOnError)
-	address := fs.String("address", client.DefaultSocket, "daemon address: a Unix socket path, or host:port (TLS unless loopback)")
-	tokenFile := fs.String("token-file", client.DefaultTokenFile, "file with the caller's ServiceAccount token for informerd's audience, read again when it changes")
-	caFile := fs.String("ca-file", "", "PEM CA bundle to verify the daemon's TLS certificate with; empty: no TLS (Unix socket or loopback only)")
-	serverName := fs.String("server-name", "informerd", "name the daemon's TLS certificate is checked for, with -ca-file")
+	fs.SetOutput(io.Discard)
+	e.conn.register(fs)
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(e.stdout, fs)
+			return err
+		}
+		return usageError{err: err}
 	}
 	if fs.NArg() == 0 {
-		return errors.New("missing command: informers, watch, address or status")
+		printUsage(e.stderr, fs)
+		return usagef("", "missing command: one of %s", commandNames())
 	}
-	var opts []grpc.DialOption
-	fs.Visit(func(f *flag.Flag) { // Dial reads the default token file, if it exists, by itself
-		if f.Name == "token-file" {
-			opts = append(opts, client.WithTokenFile(*tokenFile))
-		}
-	})
-	if *caFile != "" {
-		opts = append(opts, client.WithTLS(*caFile, *serverName))
+	c := lookup(fs.Arg(0))
+	if c == nil {
+		return usagef("", "unknown command %q: want one of %s", fs.Arg(0), commandNames())
 	}
-	c, err := client.Dial(*address, opts...)
+	cfs := flag.NewFlagSet("informerctl "+c.name, flag.ContinueOnError)
+	cfs.SetOutput(io.Discard)
+	opts := c.flags(cfs)
+	e.conn.register(cfs) // the connection flags after the command too, with what was parsed so far as defaults
+	pos, err := parseInterspersed(cfs, fs.Args()[1:])
 	if err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(e.stdout, "%s\n\nUsage: informerctl %s %s [flags]\n\nFlags:\n", c.summary, c.name, c.args)
+			cfs.SetOutput(e.stdout)
+			cfs.PrintDefaults()
+			return err
+		}
+		return usageError{err: err, cmd: c.name}
 	}
-	defer c.Close()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	switch cmd := fs.Arg(0); cmd {
-	case "informers":
-		return informers(ctx, c)
-	case "watch":
-		return watchCmd(ctx, c, fs.Args()[1:])
-	case "address":
-		return addressCmd(ctx, c, fs.Args()[1:], os.Stdout)
-	case "status":
-		return statusCmd(ctx, c, fs.Args()[1:])
-	default:
-		return fmt.Errorf("unknown command %q: want informers, watch, address or status", cmd)
+	return c.run(ctx, e, opts, pos)
+}
+
+// parseInterspersed parses flags before, between and after the positional
+// arguments, as kubectl does ("--" ends the flags), and returns the
+// positional ones.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
 	}
 }
 
-func informers(ctx context.Context, c *client.Client) error {
-	resp, err := c.API().ListInformers(ctx, &informerdv1.ListInformersRequest{})
-	if err != nil {
-		return err
+func commandNames() string {
+	var names []string
+	for _, c := range commands {
+		names = append(names, c.name)
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RESOURCE\tNAMESPACE\tSTATE\tREFS\tOBJECTS\tRV\tLAG\tHOLDERS\tCALLERS\tMESSAGE")
-	for _, in := range resp.GetInformers() {
-		r := in.GetResource()
-		res := r.GetResource() + "." + r.GetVersion()
-		if r.GetGroup() != "" {
-			res += "." + r.GetGroup()
-		}
-		state := in.GetState()
-		if in.GetLingering() {
-			state += ",lingering"
-		}
-		ns := in.GetNamespace()
-		if ns == "" {
-			ns = "*"
-		}
-		if in.GetEncoding() == informerdv1.Encoding_ENCODING_PROTOBUF {
-			res += " (protobuf)"
-		}
-		var callers []string // user (peer), once each
-		for _, sub := range in.GetSubscribers() {
-			if c := sub.GetUser() + " (" + sub.GetPeer() + ")"; !slices.Contains(callers, c) {
-				callers = append(callers, c)
-			}
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%s\t%s\n", res, ns, state, in.GetRefCount(), in.GetObjects(),
-			in.GetResourceVersion(), in.GetMaxLagEvents(), strings.Join(in.GetHolders(), ","), strings.Join(callers, ","), in.GetMessage())
-	}
-	return tw.Flush()
+	return strings.Join(names, ", ")
 }
 
-func watchCmd(ctx context.Context, c *client.Client, args []string) error {
-	fs := flag.NewFlagSet("informerctl watch", flag.ContinueOnError)
-	resource := fs.String("resource", "", "resource as resource[.version[.group]], e.g. configmaps, deployments.v1.apps")
-	var o client.WatchOptions
-	fs.StringVar(&o.Namespace, "namespace", "", "namespace; empty: all")
-	fs.StringVar(&o.LabelSelector, "selector", "", "label selector")
-	fs.StringVar(&o.FieldSelector, "field-selector", "", "field selector")
-	fs.StringVar(&o.ClientName, "name", "informerctl", "client name shown in `informerctl informers`")
-	fs.BoolVar(&o.MetadataOnly, "metadata-only", false, "receive metadata only")
-	if err := fs.Parse(args); err != nil {
-		return err
+func printUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintln(w, "informerctl talks to the informerd daemon of this node.\n\nCommands:")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-11s %s\n", c.name, c.summary)
 	}
-	gvr, err := parseResource(*resource)
-	if err != nil {
-		return fmt.Errorf("-resource %q: %w", *resource, err)
-	}
-	o.Resource = gvr
-	return client.NewWatcher(c, o, printer{}, client.WatcherOptions{}).Run(ctx)
+	fmt.Fprintln(w, "\nUsage: informerctl [connection flags] COMMAND [ARGS] [flags]; informerctl COMMAND -h for a command's flags.\n\nConnection flags:")
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
 }
-
-// parseResource reads resource[.version[.group]]; the version defaults to
-// v1 and the group to the core group.
-func parseResource(s string) (schema.GroupVersionResource, error) {
-	if s == "" {
-		return schema.GroupVersionResource{}, errors.New("required")
-	}
-	parts := strings.SplitN(s, ".", 3)
-	gvr := schema.GroupVersionResource{Resource: parts[0], Version: "v1"}
-	if len(parts) > 1 {
-		gvr.Version = parts[1]
-	}
-	if len(parts) > 2 {
-		gvr.Group = parts[2]
-	}
-	return gvr, nil
-}
-
-// printer prints each change the Watcher hands it.
-type printer struct{}
-
-func (printer) print(verb string, obj any) {
-	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-		obj = d.Obj
-	}
-	o := obj.(*unstructured.Unstructured)
-	key := o.GetName()
-	if ns := o.GetNamespace(); ns != "" {
-		key = ns + "/" + key
-	}
-	fmt.Printf("%s\t%s\t%s\n", verb, key, o.GetResourceVersion())
-}
-
-func (p printer) OnAdd(o any, _ bool) { p.print("ADDED", o) }
-func (p printer) OnUpdate(_, o any)   { p.print("MODIFIED", o) }
-func (p printer) OnDelete(o any)      { p.print("DELETED", o) }
-func (printer) OnSynced()             { fmt.Println("SYNCED") }

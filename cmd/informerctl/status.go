@@ -13,7 +13,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"golang.org/x/term"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/yaml"
@@ -25,38 +24,52 @@ import (
 	"github.com/informerd/informerd/client"
 )
 
+type statusFlags struct {
+	files, namespace, scope, name string
+	timeout                       time.Duration
+}
+
+var statusCommand = newCommand("status", "-f DIR|FILE|-", "Show the kstatus of manifests' objects live; exit 0 once all are Current",
+	func(fs *flag.FlagSet, o *statusFlags) {
+		fs.StringVar(&o.files, "f", "", "manifests: a file, a directory of .yaml, .yml and .json files, or - for standard input")
+		fs.StringVar(&o.namespace, "namespace", "default", "namespace of the namespaced objects that name none")
+		fs.DurationVar(&o.timeout, "timeout", 0, "give up after this long, naming the objects that are not Current (0: wait until all are)")
+		fs.StringVar(&o.scope, "scope", "automatic", "REST scope strategy: automatic, root or namespace")
+		fs.StringVar(&o.name, "name", "informerctl", "client name shown by informerctl informers")
+	}, statusCmd)
+
 // statusCmd shows the kstatus of the objects of a set of manifests live,
 // and succeeds once all are Current.
-func statusCmd(ctx context.Context, c *client.Client, args []string) error {
-	fs := flag.NewFlagSet("informerctl status", flag.ContinueOnError)
-	files := fs.String("f", "", "manifests: a file, a directory of .yaml, .yml and .json files, or - for standard input")
-	namespace := fs.String("namespace", "default", "namespace of the namespaced objects that name none")
-	timeout := fs.Duration("timeout", 0, "give up after this long, naming the objects that are not Current (0: wait until all are)")
-	scope := fs.String("scope", "automatic", "REST scope strategy: automatic, root or namespace")
-	name := fs.String("name", "informerctl", "client name shown in `informerctl informers`")
-	if err := fs.Parse(args); err != nil {
-		return err
+func statusCmd(ctx context.Context, e *env, o *statusFlags, args []string) error {
+	if len(args) > 0 {
+		return usagef("status", "unexpected arguments %q: give the manifests with -f", args)
 	}
-	if *files == "" {
-		return errors.New("-f is required: a manifest file, a directory, or - for standard input")
+	if o.files == "" {
+		return usagef("status", "-f is required: a manifest file, a directory, or - for standard input")
 	}
 	strategy, ok := map[string]watcher.RESTScopeStrategy{
 		"automatic": watcher.RESTScopeAutomatic, "root": watcher.RESTScopeRoot, "namespace": watcher.RESTScopeNamespace,
-	}[*scope]
+	}[o.scope]
 	if !ok {
-		return fmt.Errorf("-scope %q: want automatic, root or namespace", *scope)
+		return usagef("status", "-scope %q: want automatic, root or namespace", o.scope)
 	}
-	ids, err := readManifests(*files, os.Stdin, *namespace)
+	ids, err := readManifests(o.files, os.Stdin, o.namespace)
 	if err != nil {
 		return err
 	}
-	if *timeout > 0 {
+	if o.timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		ctx, cancel = context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 	}
-	v := newStatusView(os.Stdout, term.IsTerminal(int(os.Stdout.Fd())), ids)
-	sw := client.NewStatusWatcher(c, client.StatusWatcherOptions{ClientName: *name})
+	c, err := e.dial()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	v := newStatusView(e.stdout, e.terminal, ids)
+	v.width = e.width
+	sw := client.NewStatusWatcher(c, client.StatusWatcherOptions{ClientName: o.name})
 	return v.run(ctx, sw.Watch(ctx, ids, watcher.Options{RESTScopeStrategy: strategy}))
 }
 
@@ -68,8 +81,9 @@ type statusView struct {
 	ids      object.ObjMetadataSet // in the manifests' order
 	latest   map[object.ObjMetadata]*event.ResourceStatus
 	synced   bool
-	lines    int       // the table's height on the terminal, to redraw it
-	drawn    time.Time // when the table was last drawn
+	width    func() int // the terminal's width; nil: unknown
+	lines    int        // the table's height on the terminal, to redraw it
+	drawn    time.Time  // when the table was last drawn
 }
 
 func newStatusView(out io.Writer, terminal bool, ids object.ObjMetadataSet) *statusView {
@@ -137,8 +151,12 @@ func (v *statusView) draw(final bool) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", st, kind, id.Namespace, id.Name, msg)
 	}
 	_ = tw.Flush()
-	v.lines = strings.Count(b.String(), "\n")
-	_, _ = io.WriteString(v.out, b.String()) // a terminal that went away: nothing to do
+	text := b.String()
+	if v.width != nil { // one row per line, or the redraw would miss the wrapped ones
+		text = truncateLines(text, v.width())
+	}
+	v.lines = strings.Count(text, "\n")
+	_, _ = io.WriteString(v.out, text) // a terminal that went away: nothing to do
 }
 
 // notCurrent describes the objects whose latest status is not Current.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -58,6 +59,7 @@ type config struct {
 	kubeAPIBurst    int
 	enablePprof     bool
 	logLevel        slog.Level
+	logFormat       string // text or json
 	maxObjectBytes  int
 	maxInformers    int
 	maxPerCaller    int
@@ -98,11 +100,21 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	log := newLogger(os.Stderr, cfg.logFormat, cfg.logLevel)
 	if err := run(ctx, cfg, log); err != nil {
 		log.Error("informerd failed", "err", err)
 		os.Exit(1)
 	}
+}
+
+// newLogger returns the daemon's logger, writing to w in format (text or
+// json, as parseFlags checked) at level.
+func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	o := &slog.HandlerOptions{Level: level}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, o))
+	}
+	return slog.New(slog.NewTextHandler(w, o))
 }
 
 // parseFlags parses and checks the flags; every error names its flag.
@@ -133,6 +145,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.Var(&c.addressRelated, "address-related", "a related kind for WatchAddress answers, repeatable: RESOURCE.VERSION[.GROUP],selector=PATH[,port=PATH][,field=PATH]...,\n"+
 		"for example servers.v1beta3.policy.linkerd.io,selector=spec.podSelector,port=spec.port,field=spec.proxyProtocol")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text (logfmt key=value) or json (one JSON object per line); a stream's lines carry its stream id and caller")
 
 	fs.StringVar(&c.nodeName, "node-name", "", "the node this daemon serves (the downward API's spec.nodeName): tokens bound to a pod on another node are refused; empty: no node check")
 	fs.StringVar(&c.tokenAudience, "token-audience", auth.DefaultAudience, "audience a caller's token must be issued for")
@@ -175,6 +188,9 @@ func parseFlags(args []string) (*config, error) {
 	}
 	if err := c.logLevel.UnmarshalText([]byte(*level)); err != nil {
 		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", *level)
+	}
+	if c.logFormat != "text" && c.logFormat != "json" {
+		return nil, fmt.Errorf("-log-format %q: want text or json", c.logFormat)
 	}
 	switch cache.ScopeStrategy(c.scope) {
 	case cache.ScopeAutomatic, cache.ScopeCluster, cache.ScopeNamespace:

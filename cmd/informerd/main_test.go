@@ -46,6 +46,8 @@ func TestParseFlagsNamesTheBadFlag(t *testing.T) {
 		{[]string{"-log-max-bytes", "-1"}, "-log-max-bytes"},
 		{[]string{"-log-min-age", "-1s"}, "-log-min-age"},
 		{[]string{"-log-level", "loud"}, "-log-level"},
+		{[]string{"-log-format", "json"}, ""},
+		{[]string{"-log-format", "logfmt"}, "-log-format"},
 		{[]string{"-linger-ttl", "soon"}, "linger-ttl"},
 		{[]string{"extra"}, "unexpected arguments"},
 		{[]string{"-max-object-bytes", "0"}, "-max-object-bytes"},

@@ -95,7 +95,7 @@ func run() error {
 	}
 	defer c.Close()
 
-	say("starting %d client processes: informerctl -token-file <its own> watch -resource configmaps -namespace %s", *clients, ns)
+	say("starting %d client processes: informerctl -token-file <its own> watch configmaps -n %s -o wide", *clients, ns)
 	procs := make([]*clientProc, *clients)
 	var wg sync.WaitGroup
 	defer wg.Wait() // runs after the deferred terminations below
@@ -227,7 +227,7 @@ type clientProc struct {
 }
 
 func startClient(ctx context.Context, informerctl, socket, tokenFile, ns, name string, wg *sync.WaitGroup) (*clientProc, error) {
-	cmd := command(ctx, informerctl, "-address", socket, "-token-file", tokenFile, "watch", "-resource", "configmaps", "-namespace", ns, "-name", name)
+	cmd := command(ctx, informerctl, "-address", socket, "-token-file", tokenFile, "watch", "configmaps", "-n", ns, "-client-name", name, "-o", "wide")
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -242,16 +242,18 @@ func startClient(ctx context.Context, informerctl, socket, tokenFile, ns, name s
 		defer wg.Done()
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			f := strings.Split(sc.Text(), "\t")
-			if len(f) != 3 {
+			// EVENT NAME AGE RESOURCEVERSION LABELS; SYNCED alone.
+			f := strings.Fields(sc.Text())
+			if len(f) < 4 || f[0] == "EVENT" {
 				continue
 			}
+			key := ns + "/" + f[1]
 			p.mu.Lock()
 			p.events++
 			if f[0] == "DELETED" {
-				delete(p.store, f[1])
+				delete(p.store, key)
 			} else {
-				p.store[f[1]] = f[2]
+				p.store[key] = f[3]
 			}
 			p.mu.Unlock()
 		}

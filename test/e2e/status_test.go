@@ -2,11 +2,9 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -427,15 +425,7 @@ func TestInformerctlStatus(t *testing.T) {
 	}
 	token := tokenFile(t, readsAll)
 	run := func() (stdout, stderr string, code int) {
-		cmd := exec.CommandContext(ctx, informerctlBin.build(t), "-address", d.socket, "-token-file", token, "status", "-f", dir, "-namespace", ns, "-timeout", "5s")
-		var o, e strings.Builder
-		cmd.Stdout, cmd.Stderr = &o, &e
-		err := cmd.Run()
-		var exit *exec.ExitError
-		if err != nil && !errors.As(err, &exit) {
-			t.Fatal(err)
-		}
-		return o.String(), e.String(), cmd.ProcessState.ExitCode()
+		return ctl(ctx, t, d.socket, token, "status", "-f", dir, "-namespace", ns, "-timeout", "5s")
 	}
 	stdout, stderr, code := run()
 	if code != 1 || !strings.Contains(stderr, "timed out with 1 of 2 objects not Current: Gate."+gateGroup+" "+ns+"/gate (InProgress: held open by the test)") {

@@ -449,7 +449,8 @@ type GroupVersionResource struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// group is the API group; empty for the core group.
 	Group string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
-	// version is the API version, for example "v1".
+	// version is the API version, for example "v1"; empty means the API
+	// server's preferred version of the group.
 	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
 	// resource is the lower-case plural resource name, for example "pods".
 	Resource      string `protobuf:"bytes,3,opt,name=resource,proto3" json:"resource,omitempty"`
@@ -1041,7 +1042,13 @@ type Informer struct {
 	// subscribers are the open streams on the informer that the caller may
 	// see: all of them for a caller allowed get on /informerd/informers,
 	// else its own.
-	Subscribers   []*Subscriber `protobuf:"bytes,13,rep,name=subscribers,proto3" json:"subscribers,omitempty"`
+	Subscribers []*Subscriber `protobuf:"bytes,13,rep,name=subscribers,proto3" json:"subscribers,omitempty"`
+	// events_in is how many events the informer has received from the API
+	// server since its first list, which is not counted (a relist counts
+	// the changes it found); two
+	// readings give its event rate. Zero for a caller that sees only its own
+	// streams.
+	EventsIn      uint64 `protobuf:"varint,14,opt,name=events_in,json=eventsIn,proto3" json:"events_in,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1167,6 +1174,13 @@ func (x *Informer) GetSubscribers() []*Subscriber {
 	return nil
 }
 
+func (x *Informer) GetEventsIn() uint64 {
+	if x != nil {
+		return x.EventsIn
+	}
+	return 0
+}
+
 // Subscriber is one open stream and who opened it.
 type Subscriber struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1234,6 +1248,99 @@ func (x *Subscriber) GetPeer() string {
 	return ""
 }
 
+// VersionRequest asks for the daemon's version.
+type VersionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VersionRequest) Reset() {
+	*x = VersionRequest{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VersionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VersionRequest) ProtoMessage() {}
+
+func (x *VersionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
+func (*VersionRequest) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{10}
+}
+
+// VersionResponse describes the daemon's build.
+type VersionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// version is what `informerd -version` prints: the VERSION the build was
+	// stamped with, or "devel" for an unstamped build.
+	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	// go_version is the Go release the daemon was built with.
+	GoVersion     string `protobuf:"bytes,2,opt,name=go_version,json=goVersion,proto3" json:"go_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VersionResponse) Reset() {
+	*x = VersionResponse{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VersionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VersionResponse) ProtoMessage() {}
+
+func (x *VersionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
+func (*VersionResponse) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *VersionResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *VersionResponse) GetGoVersion() string {
+	if x != nil {
+		return x.GoVersion
+	}
+	return ""
+}
+
 // WatchAddressRequest names the address to watch.
 type WatchAddressRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1252,7 +1359,7 @@ type WatchAddressRequest struct {
 
 func (x *WatchAddressRequest) Reset() {
 	*x = WatchAddressRequest{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[10]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1264,7 +1371,7 @@ func (x *WatchAddressRequest) String() string {
 func (*WatchAddressRequest) ProtoMessage() {}
 
 func (x *WatchAddressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[10]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1277,7 +1384,7 @@ func (x *WatchAddressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAddressRequest.ProtoReflect.Descriptor instead.
 func (*WatchAddressRequest) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{10}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WatchAddressRequest) GetIp() string {
@@ -1331,7 +1438,7 @@ type WatchAddressResponse struct {
 
 func (x *WatchAddressResponse) Reset() {
 	*x = WatchAddressResponse{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[11]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1450,7 @@ func (x *WatchAddressResponse) String() string {
 func (*WatchAddressResponse) ProtoMessage() {}
 
 func (x *WatchAddressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[11]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1463,7 @@ func (x *WatchAddressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAddressResponse.ProtoReflect.Descriptor instead.
 func (*WatchAddressResponse) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{11}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchAddressResponse) GetPod() *AddressPod {
@@ -1420,7 +1527,7 @@ type AddressPod struct {
 
 func (x *AddressPod) Reset() {
 	*x = AddressPod{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[12]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1539,7 @@ func (x *AddressPod) String() string {
 func (*AddressPod) ProtoMessage() {}
 
 func (x *AddressPod) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[12]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1552,7 @@ func (x *AddressPod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddressPod.ProtoReflect.Descriptor instead.
 func (*AddressPod) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{12}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AddressPod) GetNamespace() string {
@@ -1519,7 +1626,7 @@ type PodOwner struct {
 
 func (x *PodOwner) Reset() {
 	*x = PodOwner{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[13]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1531,7 +1638,7 @@ func (x *PodOwner) String() string {
 func (*PodOwner) ProtoMessage() {}
 
 func (x *PodOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[13]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1544,7 +1651,7 @@ func (x *PodOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodOwner.ProtoReflect.Descriptor instead.
 func (*PodOwner) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{13}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PodOwner) GetApiVersion() string {
@@ -1587,7 +1694,7 @@ type AddressPort struct {
 
 func (x *AddressPort) Reset() {
 	*x = AddressPort{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +1706,7 @@ func (x *AddressPort) String() string {
 func (*AddressPort) ProtoMessage() {}
 
 func (x *AddressPort) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +1719,7 @@ func (x *AddressPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddressPort.ProtoReflect.Descriptor instead.
 func (*AddressPort) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{14}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AddressPort) GetContainer() string {
@@ -1669,7 +1776,7 @@ type RelatedObject struct {
 
 func (x *RelatedObject) Reset() {
 	*x = RelatedObject{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1681,7 +1788,7 @@ func (x *RelatedObject) String() string {
 func (*RelatedObject) ProtoMessage() {}
 
 func (x *RelatedObject) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1694,7 +1801,7 @@ func (x *RelatedObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelatedObject.ProtoReflect.Descriptor instead.
 func (*RelatedObject) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{15}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RelatedObject) GetResource() *GroupVersionResource {
@@ -1742,7 +1849,7 @@ type ObjectReference struct {
 
 func (x *ObjectReference) Reset() {
 	*x = ObjectReference{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1754,7 +1861,7 @@ func (x *ObjectReference) String() string {
 func (*ObjectReference) ProtoMessage() {}
 
 func (x *ObjectReference) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1767,7 +1874,7 @@ func (x *ObjectReference) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectReference.ProtoReflect.Descriptor instead.
 func (*ObjectReference) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{16}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ObjectReference) GetGroup() string {
@@ -1814,7 +1921,7 @@ type WatchStatusRequest struct {
 
 func (x *WatchStatusRequest) Reset() {
 	*x = WatchStatusRequest{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1826,7 +1933,7 @@ func (x *WatchStatusRequest) String() string {
 func (*WatchStatusRequest) ProtoMessage() {}
 
 func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1839,7 +1946,7 @@ func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchStatusRequest) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{17}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchStatusRequest) GetObjects() []*ObjectReference {
@@ -1874,7 +1981,7 @@ type WatchStatusResponse struct {
 
 func (x *WatchStatusResponse) Reset() {
 	*x = WatchStatusResponse{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1886,7 +1993,7 @@ func (x *WatchStatusResponse) String() string {
 func (*WatchStatusResponse) ProtoMessage() {}
 
 func (x *WatchStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1899,7 +2006,7 @@ func (x *WatchStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStatusResponse.ProtoReflect.Descriptor instead.
 func (*WatchStatusResponse) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{18}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchStatusResponse) GetEvents() []*StatusEvent {
@@ -1922,7 +2029,7 @@ type StatusEvent struct {
 
 func (x *StatusEvent) Reset() {
 	*x = StatusEvent{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1934,7 +2041,7 @@ func (x *StatusEvent) String() string {
 func (*StatusEvent) ProtoMessage() {}
 
 func (x *StatusEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1947,7 +2054,7 @@ func (x *StatusEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusEvent.ProtoReflect.Descriptor instead.
 func (*StatusEvent) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{19}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StatusEvent) GetType() StatusEventType {
@@ -1997,7 +2104,7 @@ type ResourceStatus struct {
 
 func (x *ResourceStatus) Reset() {
 	*x = ResourceStatus{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[20]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2009,7 +2116,7 @@ func (x *ResourceStatus) String() string {
 func (*ResourceStatus) ProtoMessage() {}
 
 func (x *ResourceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[20]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2022,7 +2129,7 @@ func (x *ResourceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceStatus.ProtoReflect.Descriptor instead.
 func (*ResourceStatus) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{20}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResourceStatus) GetObject() *ObjectReference {
@@ -2132,7 +2239,7 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"\x16\n" +
 	"\x14ListInformersRequest\"M\n" +
 	"\x15ListInformersResponse\x124\n" +
-	"\tinformers\x18\x01 \x03(\v2\x16.informerd.v1.InformerR\tinformers\"\xef\x03\n" +
+	"\tinformers\x18\x01 \x03(\v2\x16.informerd.v1.InformerR\tinformers\"\x8c\x04\n" +
 	"\bInformer\x12>\n" +
 	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -2147,13 +2254,19 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	" \x01(\x03R\fmaxLagEvents\x12\x18\n" +
 	"\amessage\x18\v \x01(\tR\amessage\x122\n" +
 	"\bencoding\x18\f \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding\x12:\n" +
-	"\vsubscribers\x18\r \x03(\v2\x18.informerd.v1.SubscriberR\vsubscribers\"U\n" +
+	"\vsubscribers\x18\r \x03(\v2\x18.informerd.v1.SubscriberR\vsubscribers\x12\x1b\n" +
+	"\tevents_in\x18\x0e \x01(\x04R\beventsIn\"U\n" +
 	"\n" +
 	"Subscriber\x12\x1f\n" +
 	"\vclient_name\x18\x01 \x01(\tR\n" +
 	"clientName\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\x12\x12\n" +
-	"\x04peer\x18\x03 \x01(\tR\x04peer\"y\n" +
+	"\x04peer\x18\x03 \x01(\tR\x04peer\"\x10\n" +
+	"\x0eVersionRequest\"J\n" +
+	"\x0fVersionResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1d\n" +
+	"\n" +
+	"go_version\x18\x02 \x01(\tR\tgoVersion\"y\n" +
 	"\x13WatchAddressRequest\x12\x0e\n" +
 	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1d\n" +
@@ -2263,13 +2376,14 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x0eSTATUS_CURRENT\x10\x03\x12\x16\n" +
 	"\x12STATUS_TERMINATING\x10\x04\x12\x14\n" +
 	"\x10STATUS_NOT_FOUND\x10\x05\x12\x12\n" +
-	"\x0eSTATUS_UNKNOWN\x10\x062\x9a\x03\n" +
+	"\x0eSTATUS_UNKNOWN\x10\x062\xe2\x03\n" +
 	"\x0fInformerService\x12B\n" +
 	"\x05Watch\x12\x1a.informerd.v1.WatchRequest\x1a\x1b.informerd.v1.WatchResponse0\x01\x12X\n" +
 	"\rListInformers\x12\".informerd.v1.ListInformersRequest\x1a#.informerd.v1.ListInformersResponse\x12:\n" +
 	"\x03Get\x12\x18.informerd.v1.GetRequest\x1a\x19.informerd.v1.GetResponse\x12W\n" +
 	"\fWatchAddress\x12!.informerd.v1.WatchAddressRequest\x1a\".informerd.v1.WatchAddressResponse0\x01\x12T\n" +
-	"\vWatchStatus\x12 .informerd.v1.WatchStatusRequest\x1a!.informerd.v1.WatchStatusResponse0\x01B?Z=github.com/informerd/informerd/proto/informerd/v1;informerdv1b\x06proto3"
+	"\vWatchStatus\x12 .informerd.v1.WatchStatusRequest\x1a!.informerd.v1.WatchStatusResponse0\x01\x12F\n" +
+	"\aVersion\x12\x1c.informerd.v1.VersionRequest\x1a\x1d.informerd.v1.VersionResponseB?Z=github.com/informerd/informerd/proto/informerd/v1;informerdv1b\x06proto3"
 
 var (
 	file_informerd_v1_informerd_proto_rawDescOnce sync.Once
@@ -2284,7 +2398,7 @@ func file_informerd_v1_informerd_proto_rawDescGZIP() []byte {
 }
 
 var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_informerd_v1_informerd_proto_goTypes = []any{
 	(Encoding)(0),                 // 0: informerd.v1.Encoding
 	(View)(0),                     // 1: informerd.v1.View
@@ -2303,19 +2417,21 @@ var file_informerd_v1_informerd_proto_goTypes = []any{
 	(*ListInformersResponse)(nil), // 14: informerd.v1.ListInformersResponse
 	(*Informer)(nil),              // 15: informerd.v1.Informer
 	(*Subscriber)(nil),            // 16: informerd.v1.Subscriber
-	(*WatchAddressRequest)(nil),   // 17: informerd.v1.WatchAddressRequest
-	(*WatchAddressResponse)(nil),  // 18: informerd.v1.WatchAddressResponse
-	(*AddressPod)(nil),            // 19: informerd.v1.AddressPod
-	(*PodOwner)(nil),              // 20: informerd.v1.PodOwner
-	(*AddressPort)(nil),           // 21: informerd.v1.AddressPort
-	(*RelatedObject)(nil),         // 22: informerd.v1.RelatedObject
-	(*ObjectReference)(nil),       // 23: informerd.v1.ObjectReference
-	(*WatchStatusRequest)(nil),    // 24: informerd.v1.WatchStatusRequest
-	(*WatchStatusResponse)(nil),   // 25: informerd.v1.WatchStatusResponse
-	(*StatusEvent)(nil),           // 26: informerd.v1.StatusEvent
-	(*ResourceStatus)(nil),        // 27: informerd.v1.ResourceStatus
-	nil,                           // 28: informerd.v1.AddressPod.LabelsEntry
-	nil,                           // 29: informerd.v1.RelatedObject.FieldsEntry
+	(*VersionRequest)(nil),        // 17: informerd.v1.VersionRequest
+	(*VersionResponse)(nil),       // 18: informerd.v1.VersionResponse
+	(*WatchAddressRequest)(nil),   // 19: informerd.v1.WatchAddressRequest
+	(*WatchAddressResponse)(nil),  // 20: informerd.v1.WatchAddressResponse
+	(*AddressPod)(nil),            // 21: informerd.v1.AddressPod
+	(*PodOwner)(nil),              // 22: informerd.v1.PodOwner
+	(*AddressPort)(nil),           // 23: informerd.v1.AddressPort
+	(*RelatedObject)(nil),         // 24: informerd.v1.RelatedObject
+	(*ObjectReference)(nil),       // 25: informerd.v1.ObjectReference
+	(*WatchStatusRequest)(nil),    // 26: informerd.v1.WatchStatusRequest
+	(*WatchStatusResponse)(nil),   // 27: informerd.v1.WatchStatusResponse
+	(*StatusEvent)(nil),           // 28: informerd.v1.StatusEvent
+	(*ResourceStatus)(nil),        // 29: informerd.v1.ResourceStatus
+	nil,                           // 30: informerd.v1.AddressPod.LabelsEntry
+	nil,                           // 31: informerd.v1.RelatedObject.FieldsEntry
 }
 var file_informerd_v1_informerd_proto_depIdxs = []int32{
 	7,  // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
@@ -2330,34 +2446,36 @@ var file_informerd_v1_informerd_proto_depIdxs = []int32{
 	7,  // 9: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
 	0,  // 10: informerd.v1.Informer.encoding:type_name -> informerd.v1.Encoding
 	16, // 11: informerd.v1.Informer.subscribers:type_name -> informerd.v1.Subscriber
-	19, // 12: informerd.v1.WatchAddressResponse.pod:type_name -> informerd.v1.AddressPod
+	21, // 12: informerd.v1.WatchAddressResponse.pod:type_name -> informerd.v1.AddressPod
 	3,  // 13: informerd.v1.WatchAddressResponse.match:type_name -> informerd.v1.AddressMatch
-	21, // 14: informerd.v1.WatchAddressResponse.port:type_name -> informerd.v1.AddressPort
-	22, // 15: informerd.v1.WatchAddressResponse.related:type_name -> informerd.v1.RelatedObject
-	20, // 16: informerd.v1.AddressPod.owner:type_name -> informerd.v1.PodOwner
-	28, // 17: informerd.v1.AddressPod.labels:type_name -> informerd.v1.AddressPod.LabelsEntry
+	23, // 14: informerd.v1.WatchAddressResponse.port:type_name -> informerd.v1.AddressPort
+	24, // 15: informerd.v1.WatchAddressResponse.related:type_name -> informerd.v1.RelatedObject
+	22, // 16: informerd.v1.AddressPod.owner:type_name -> informerd.v1.PodOwner
+	30, // 17: informerd.v1.AddressPod.labels:type_name -> informerd.v1.AddressPod.LabelsEntry
 	7,  // 18: informerd.v1.RelatedObject.resource:type_name -> informerd.v1.GroupVersionResource
-	29, // 19: informerd.v1.RelatedObject.fields:type_name -> informerd.v1.RelatedObject.FieldsEntry
-	23, // 20: informerd.v1.WatchStatusRequest.objects:type_name -> informerd.v1.ObjectReference
+	31, // 19: informerd.v1.RelatedObject.fields:type_name -> informerd.v1.RelatedObject.FieldsEntry
+	25, // 20: informerd.v1.WatchStatusRequest.objects:type_name -> informerd.v1.ObjectReference
 	4,  // 21: informerd.v1.WatchStatusRequest.scope_strategy:type_name -> informerd.v1.ScopeStrategy
-	26, // 22: informerd.v1.WatchStatusResponse.events:type_name -> informerd.v1.StatusEvent
+	28, // 22: informerd.v1.WatchStatusResponse.events:type_name -> informerd.v1.StatusEvent
 	5,  // 23: informerd.v1.StatusEvent.type:type_name -> informerd.v1.StatusEventType
-	27, // 24: informerd.v1.StatusEvent.status:type_name -> informerd.v1.ResourceStatus
-	23, // 25: informerd.v1.ResourceStatus.object:type_name -> informerd.v1.ObjectReference
+	29, // 24: informerd.v1.StatusEvent.status:type_name -> informerd.v1.ResourceStatus
+	25, // 25: informerd.v1.ResourceStatus.object:type_name -> informerd.v1.ObjectReference
 	6,  // 26: informerd.v1.ResourceStatus.status:type_name -> informerd.v1.Status
-	27, // 27: informerd.v1.ResourceStatus.generated:type_name -> informerd.v1.ResourceStatus
+	29, // 27: informerd.v1.ResourceStatus.generated:type_name -> informerd.v1.ResourceStatus
 	8,  // 28: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
 	13, // 29: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
 	9,  // 30: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
-	17, // 31: informerd.v1.InformerService.WatchAddress:input_type -> informerd.v1.WatchAddressRequest
-	24, // 32: informerd.v1.InformerService.WatchStatus:input_type -> informerd.v1.WatchStatusRequest
-	11, // 33: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
-	14, // 34: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
-	10, // 35: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
-	18, // 36: informerd.v1.InformerService.WatchAddress:output_type -> informerd.v1.WatchAddressResponse
-	25, // 37: informerd.v1.InformerService.WatchStatus:output_type -> informerd.v1.WatchStatusResponse
-	33, // [33:38] is the sub-list for method output_type
-	28, // [28:33] is the sub-list for method input_type
+	19, // 31: informerd.v1.InformerService.WatchAddress:input_type -> informerd.v1.WatchAddressRequest
+	26, // 32: informerd.v1.InformerService.WatchStatus:input_type -> informerd.v1.WatchStatusRequest
+	17, // 33: informerd.v1.InformerService.Version:input_type -> informerd.v1.VersionRequest
+	11, // 34: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
+	14, // 35: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
+	10, // 36: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
+	20, // 37: informerd.v1.InformerService.WatchAddress:output_type -> informerd.v1.WatchAddressResponse
+	27, // 38: informerd.v1.InformerService.WatchStatus:output_type -> informerd.v1.WatchStatusResponse
+	18, // 39: informerd.v1.InformerService.Version:output_type -> informerd.v1.VersionResponse
+	34, // [34:40] is the sub-list for method output_type
+	28, // [28:34] is the sub-list for method input_type
 	28, // [28:28] is the sub-list for extension type_name
 	28, // [28:28] is the sub-list for extension extendee
 	0,  // [0:28] is the sub-list for field type_name
@@ -2374,7 +2492,7 @@ func file_informerd_v1_informerd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_informerd_v1_informerd_proto_rawDesc), len(file_informerd_v1_informerd_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

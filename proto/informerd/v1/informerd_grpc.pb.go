@@ -24,6 +24,7 @@ const (
 	InformerService_Get_FullMethodName           = "/informerd.v1.InformerService/Get"
 	InformerService_WatchAddress_FullMethodName  = "/informerd.v1.InformerService/WatchAddress"
 	InformerService_WatchStatus_FullMethodName   = "/informerd.v1.InformerService/WatchStatus"
+	InformerService_Version_FullMethodName       = "/informerd.v1.InformerService/Version"
 )
 
 // InformerServiceClient is the client API for InformerService service.
@@ -50,6 +51,8 @@ type InformerServiceClient interface {
 	// status once it is known, SYNCED once every object's is, then every
 	// change of an object's status, message or generated resources.
 	WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchStatusResponse], error)
+	// Version reports the daemon's build, to any authenticated caller.
+	Version(ctx context.Context, in *VersionRequest, opts ...grpc.CallOption) (*VersionResponse, error)
 }
 
 type informerServiceClient struct {
@@ -137,6 +140,16 @@ func (c *informerServiceClient) WatchStatus(ctx context.Context, in *WatchStatus
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type InformerService_WatchStatusClient = grpc.ServerStreamingClient[WatchStatusResponse]
 
+func (c *informerServiceClient) Version(ctx context.Context, in *VersionRequest, opts ...grpc.CallOption) (*VersionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VersionResponse)
+	err := c.cc.Invoke(ctx, InformerService_Version_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // InformerServiceServer is the server API for InformerService service.
 // All implementations must embed UnimplementedInformerServiceServer
 // for forward compatibility.
@@ -161,6 +174,8 @@ type InformerServiceServer interface {
 	// status once it is known, SYNCED once every object's is, then every
 	// change of an object's status, message or generated resources.
 	WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[WatchStatusResponse]) error
+	// Version reports the daemon's build, to any authenticated caller.
+	Version(context.Context, *VersionRequest) (*VersionResponse, error)
 	mustEmbedUnimplementedInformerServiceServer()
 }
 
@@ -185,6 +200,9 @@ func (UnimplementedInformerServiceServer) WatchAddress(*WatchAddressRequest, grp
 }
 func (UnimplementedInformerServiceServer) WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[WatchStatusResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchStatus not implemented")
+}
+func (UnimplementedInformerServiceServer) Version(context.Context, *VersionRequest) (*VersionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Version not implemented")
 }
 func (UnimplementedInformerServiceServer) mustEmbedUnimplementedInformerServiceServer() {}
 func (UnimplementedInformerServiceServer) testEmbeddedByValue()                         {}
@@ -276,6 +294,24 @@ func _InformerService_WatchStatus_Handler(srv interface{}, stream grpc.ServerStr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type InformerService_WatchStatusServer = grpc.ServerStreamingServer[WatchStatusResponse]
 
+func _InformerService_Version_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VersionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InformerServiceServer).Version(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InformerService_Version_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InformerServiceServer).Version(ctx, req.(*VersionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // InformerService_ServiceDesc is the grpc.ServiceDesc for InformerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -290,6 +326,10 @@ var InformerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Get",
 			Handler:    _InformerService_Get_Handler,
+		},
+		{
+			MethodName: "Version",
+			Handler:    _InformerService_Version_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
