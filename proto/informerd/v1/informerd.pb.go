@@ -1045,9 +1045,8 @@ type Informer struct {
 	Subscribers []*Subscriber `protobuf:"bytes,13,rep,name=subscribers,proto3" json:"subscribers,omitempty"`
 	// events_in is how many events the informer has received from the API
 	// server since its first list, which is not counted (a relist counts
-	// the changes it found); two
-	// readings give its event rate. Zero for a caller that sees only its own
-	// streams.
+	// the changes it found); two readings give its event rate. Zero for a
+	// caller that sees only its own streams.
 	EventsIn      uint64 `protobuf:"varint,14,opt,name=events_in,json=eventsIn,proto3" json:"events_in,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
