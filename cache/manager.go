@@ -162,6 +162,15 @@ type resettableMapper interface {
 	Reset()
 }
 
+// shortcutMapper is a RESTMapper that expands short names, reset through
+// the discovery mapper it wraps.
+type shortcutMapper struct {
+	meta.RESTMapper
+	reset func()
+}
+
+func (m shortcutMapper) Reset() { m.reset() }
+
 // entry is one Source and who holds it.
 type entry struct {
 	src     *Source
@@ -229,7 +238,11 @@ func NewManager(opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	cached := memory.NewMemCacheClient(dc)
+	deferred := restmapper.NewDeferredDiscoveryRESTMapper(cached)
+	// Short names (cm, deploy) expand as kubectl expands them, from the
+	// same cached discovery: a Key always names the full resource.
+	mapper := shortcutMapper{RESTMapper: restmapper.NewShortcutExpander(deferred, cached, nil), reset: deferred.Reset}
 	newUpstream := func(key Key) upstream {
 		return &restUpstream{
 			client: client, path: collectionPath(key), fieldSel: key.FieldSelector,

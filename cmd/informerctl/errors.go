@@ -47,7 +47,7 @@ func hint(st *status.Status, address string) string {
 		if objectNotFound(st) {
 			return ""
 		}
-		return "Name the resource as RESOURCE[.VERSION][.GROUP], the lower-case plural, for example configmaps or deployments.apps " +
+		return "Name the resource as RESOURCE[.VERSION][.GROUP], for example configmaps, cm or deployments.apps " +
 			"(kubectl api-resources lists them)."
 	case codes.Unimplemented:
 		return "The daemon at " + address + " is older than informerctl: upgrade informerd, or use the informerctl of its release."

@@ -381,8 +381,10 @@ func (p *watchPrinter) write(s string) {
 var versionPattern = regexp.MustCompile(`^v[0-9]+((alpha|beta)[0-9]+)?$`)
 
 // parseResource reads RESOURCE[.VERSION][.GROUP] as kubectl does:
-// configmaps, deployments.apps, deployments.v1.apps. Without a version
-// the daemon takes the API server's preferred one.
+// configmaps, deployments.apps, deployments.v1.apps, and a short name
+// (cm) or kind (Deployment) in place of RESOURCE, which the daemon
+// resolves. Without a version the daemon takes the API server's
+// preferred one.
 func parseResource(s string) (schema.GroupVersionResource, error) {
 	if s == "" {
 		return schema.GroupVersionResource{}, errors.New("empty RESOURCE: name one, for example configmaps or deployments.apps")
@@ -394,8 +396,9 @@ func parseResource(s string) (schema.GroupVersionResource, error) {
 	} else {
 		gvr.Group = rest
 	}
-	if res == "" || strings.ToLower(res) != res {
-		return gvr, fmt.Errorf("RESOURCE %q: want the lower-case plural resource name, for example configmaps or deployments.apps", s)
+	if res == "" {
+		return gvr, fmt.Errorf("RESOURCE %q: want a resource name, for example configmaps, cm or deployments.apps", s)
 	}
+	gvr.Resource = strings.ToLower(res) // a kind (Deployment) is its singular name, as kubectl takes it
 	return gvr, nil
 }

@@ -85,12 +85,14 @@ func TestParseResource(t *testing.T) {
 		"widgets.v1beta2.example.com":       {Group: "example.com", Version: "v1beta2", Resource: "widgets"},
 		"ingresses.networking.k8s.io":       {Group: "networking.k8s.io", Resource: "ingresses"},
 		"servers.v1beta3.policy.linkerd.io": {Group: "policy.linkerd.io", Version: "v1beta3", Resource: "servers"},
+		"cm":                                {Resource: "cm"},
+		"Deployment.apps":                   {Group: "apps", Resource: "deployment"},
 	} {
 		if got, err := parseResource(in); err != nil || got != want {
 			t.Errorf("parseResource(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "Pods", ".apps"} {
+	for _, bad := range []string{"", ".apps"} {
 		if _, err := parseResource(bad); err == nil {
 			t.Errorf("parseResource(%q) accepted it", bad)
 		}

@@ -190,6 +190,19 @@ func TestInformerctlGet(t *testing.T) {
 	want("RESOURCE.GROUP, none there", out, errOut, code, 0, "No resources found in "+ns+" namespace.")
 	out, errOut, code = run(mine, "get", "deployments.v1.apps", "-n", ns, "-o", "json")
 	want("RESOURCE.VERSION.GROUP as json", out, errOut, code, 0, `"kind": "List"`, `"items": []`)
+	// Short names and kinds resolve in the daemon, before authorization:
+	// the caller may read configmaps and deployments, nothing else.
+	out, errOut, code = run(mine, "get", "cm", "labelled", "-n", ns, "-o", "name")
+	want("a short name", out, errOut, code, 0)
+	if out != "configmap/labelled\n" {
+		t.Fatalf("get cm labelled printed %q", out)
+	}
+	out, errOut, code = run(mine, "get", "Deployment", "-n", ns)
+	want("a kind", out, errOut, code, 0, "No resources found in "+ns+" namespace.")
+	out, errOut, code = run(mine, "get", "deploy.apps", "-n", ns)
+	want("a short name with its group", out, errOut, code, 0, "No resources found in "+ns+" namespace.")
+	out, errOut, code = run(mine, "get", "po", "-n", ns)
+	want("a short name of a resource the caller may not read", out, errOut, code, 1, "Error from server (PermissionDenied):", "pods")
 
 	out, errOut, code = run(all, "get", "configmaps", "-A", "-l", "app="+ns)
 	want("-A", out, errOut, code, 0)
@@ -209,7 +222,7 @@ func TestInformerctlGet(t *testing.T) {
 	out, errOut, code = run(filepath.Join(t.TempDir(), "absent"), "get", "configmaps", "-n", ns)
 	want("no token", out, errOut, code, 1, "Error from server (Unauthenticated):", "-token-file")
 	for _, args := range [][]string{
-		{"get"}, {"get", "configmaps", "-o", "table"}, {"get", "configmaps", "x", "-A"}, {"get", "ConfigMaps"}, {"get", "configmaps", "-bogus"}, {"gte", "configmaps"},
+		{"get"}, {"get", "configmaps", "-o", "table"}, {"get", "configmaps", "x", "-A"}, {"get", ".apps"}, {"get", "configmaps", "-bogus"}, {"gte", "configmaps"},
 	} {
 		out, errOut, code = run(mine, args...)
 		want(strings.Join(args, " "), out, errOut, code, 2, "error: ", "See 'informerctl")

@@ -452,7 +452,9 @@ type GroupVersionResource struct {
 	// version is the API version, for example "v1"; empty means the API
 	// server's preferred version of the group.
 	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
-	// resource is the lower-case plural resource name, for example "pods".
+	// resource is the lower-case plural resource name, for example "pods";
+	// its singular ("pod") or a short name ("po") is resolved to it from
+	// discovery, as kubectl does.
 	Resource      string `protobuf:"bytes,3,opt,name=resource,proto3" json:"resource,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
