@@ -127,12 +127,16 @@ type Request struct {
 // subscription, keeps it while subscribed, lets it linger when unused, and
 // stops it on eviction. Its methods are safe for concurrent use.
 type Manager struct {
-	opts    Options
-	kube    kubernetes.Interface
-	mapper  resettableMapper
-	log     *slog.Logger
-	metrics *metrics
-	budget  *logBudget
+	opts   Options
+	kube   kubernetes.Interface
+	mapper resettableMapper
+	// shortcuts expands short names (cm, deploy) from mapper's discovery,
+	// as kubectl does; only for a resource mapper does not know, so the
+	// common path never walks discovery. Nil: no short names (tests).
+	shortcuts meta.RESTMapper
+	log       *slog.Logger
+	metrics   *metrics
+	budget    *logBudget
 	// newUpstream makes the upstream of a Key (tests replace it).
 	newUpstream func(Key) upstream
 	ctx         context.Context // parent of every Source; ended by Close
@@ -161,15 +165,6 @@ type resettableMapper interface {
 	meta.RESTMapper
 	Reset()
 }
-
-// shortcutMapper is a RESTMapper that expands short names, reset through
-// the discovery mapper it wraps.
-type shortcutMapper struct {
-	meta.RESTMapper
-	reset func()
-}
-
-func (m shortcutMapper) Reset() { m.reset() }
 
 // entry is one Source and who holds it.
 type entry struct {
@@ -239,10 +234,7 @@ func NewManager(opts Options) (*Manager, error) {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
 	cached := memory.NewMemCacheClient(dc)
-	deferred := restmapper.NewDeferredDiscoveryRESTMapper(cached)
-	// Short names (cm, deploy) expand as kubectl expands them, from the
-	// same cached discovery: a Key always names the full resource.
-	mapper := shortcutMapper{RESTMapper: restmapper.NewShortcutExpander(deferred, cached, nil), reset: deferred.Reset}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(cached)
 	newUpstream := func(key Key) upstream {
 		return &restUpstream{
 			client: client, path: collectionPath(key), fieldSel: key.FieldSelector,
@@ -252,6 +244,7 @@ func NewManager(opts Options) (*Manager, error) {
 	}
 	m := newManager(opts, mapper, newUpstream)
 	m.kube = kube
+	m.shortcuts = restmapper.NewShortcutExpander(mapper, cached, nil)
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(sourceCollector{m}); err != nil {
 			m.Close()
@@ -448,6 +441,9 @@ func (m *Manager) mapping(req Request) (*meta.RESTMapping, error) {
 		return m.mapper.RESTMapping(schema.GroupKind{Group: req.GVR.Group, Kind: req.Kind}, versions...)
 	}
 	gvk, err := m.mapper.KindFor(req.GVR)
+	if meta.IsNoMatchError(err) && m.shortcuts != nil {
+		gvk, err = m.shortcuts.KindFor(req.GVR)
+	}
 	if err != nil {
 		return nil, err
 	}
