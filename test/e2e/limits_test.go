@@ -32,7 +32,7 @@ func TestInformerLimitsWithABystander(t *testing.T) {
 	bystander.until(ctx, t, "the bystander syncs", isType(informerdv1.EventType_EVENT_TYPE_SYNCED))
 
 	mallory := d.dial(t, reads(configMaps, ""))
-	lists0 := upstreamLists(ctx, t, configMaps)
+	lists0, watches0 := upstreamLists(ctx, t, configMaps), upstreamWatches(ctx, t, configMaps)
 	var refused error
 	for i := range 30 {
 		opts := client.WatchOptions{Resource: configMaps, FieldSelector: fmt.Sprintf("metadata.name=x-%d", i), ClientName: "mallory"}
@@ -45,13 +45,22 @@ func TestInformerLimitsWithABystander(t *testing.T) {
 			t.Fatalf("stream %d of one caller ended with %v, want RESOURCE_EXHAUSTED naming the informer limit", i, refused)
 		}
 	}
-	lists := upstreamLists(ctx, t, configMaps) - lists0
-	t.Logf("30 distinct field selectors from one caller: %d upstream LISTs; the rest refused: %v", lists, refused)
-	if lists > perCaller {
-		t.Errorf("one caller's field selectors cost the API server %d LISTs, want at most %d", lists, perCaller)
+	// The daemon lists by WatchList (a WATCH) unless the API server refuses
+	// it: count both. The caller's streams are all still open.
+	lists, watches := upstreamLists(ctx, t, configMaps)-lists0, upstreamWatches(ctx, t, configMaps)-watches0
+	t.Logf("30 distinct field selectors from one caller: %d more upstream watches, %d LISTs; the rest refused: %v", watches, lists, refused)
+	if lists > perCaller || watches > perCaller {
+		t.Errorf("one caller's field selectors cost the API server %d watches and %d LISTs, want at most %d", watches, lists, perCaller)
 	}
 
-	// Requests for resources that do not exist, 200 of them.
+	// Requests for resources that do not exist, 200 of them: discovery is
+	// reread at most once a second, whatever they ask.
+	discoveries := func() int {
+		m := scrapeAPIServer(ctx, t)
+		return int(m.sum("apiserver_request_total", map[string]string{"verb": "GET", "subresource": "api"}) +
+			m.sum("apiserver_request_total", map[string]string{"verb": "GET", "subresource": "apis"}))
+	}
+	discoveries0 := discoveries()
 	start := time.Now()
 	for i := range 200 {
 		s := openStream(ctx, t, mallory, client.WatchOptions{Resource: schema.GroupVersionResource{Version: "v1", Resource: fmt.Sprintf("nothing%d", i)}, ClientName: "mallory"}, "")
@@ -59,7 +68,11 @@ func TestInformerLimitsWithABystander(t *testing.T) {
 			t.Fatalf("a request for a resource that does not exist ended with %v", err)
 		}
 	}
-	t.Logf("200 requests for resources that do not exist took %s", time.Since(start))
+	took, rereads := time.Since(start), discoveries()-discoveries0
+	t.Logf("200 requests for resources that do not exist took %s and cost %d discovery requests", took, rereads)
+	if limit := 2 * (int(took/time.Second) + 2); rereads > limit { // /api and /apis per reread, a second apart
+		t.Errorf("200 requests for resources that do not exist cost %d discovery requests in %s, want at most %d", rereads, took, limit)
+	}
 
 	createConfigMap(ctx, t, ns, "still-here", nil)
 	bystander.until(ctx, t, "the bystander still receives", isAdded("still-here"))
