@@ -227,6 +227,20 @@ func TestListerWatcherRunsAnInformer(t *testing.T) {
 		then(nil, cm("a", "3"), ev(synced, "", "3"), ev(modified, "a", "4"), cm("b", "5"))
 	lw := NewListerWatcher(serveScripted(t, d), WatchOptions{Resource: configMaps})
 	inf := toolscache.NewSharedIndexInformer(lw, &unstructured.Unstructured{}, 0, toolscache.Indexers{})
+	// Each notification arrives after the store holds it: wake the check.
+	changed := make(chan struct{}, 1)
+	wake := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { wake() },
+		UpdateFunc: func(any, any) { wake() },
+	}); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	done := make(chan struct{})
@@ -235,15 +249,18 @@ func TestListerWatcherRunsAnInformer(t *testing.T) {
 	if !toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		t.Fatal("never synced")
 	}
-	for ctx.Err() == nil {
+	for {
 		if obj, ok, _ := inf.GetStore().GetByKey("ns/b"); ok && obj.(*unstructured.Unstructured).GetResourceVersion() == "5" {
 			if a, _, _ := inf.GetStore().GetByKey("ns/a"); a.(*unstructured.Unstructured).GetResourceVersion() == "4" {
 				return
 			}
 		}
-		time.Sleep(10 * time.Millisecond) // the informer's store offers nothing to wait on
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			t.Fatal("the informer never saw the changes")
+		}
 	}
-	t.Fatal("the informer never saw the changes")
 }
 
 // TestMissingSocketIsNamed (defect 9.9): while the daemon's socket does
