@@ -225,13 +225,11 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 		grpc.ConnectionTimeout(l.ConnectionTimeout),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.KeepaliveMinTime}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: l.MaxConnectionIdle, Time: 2 * time.Minute, Timeout: 20 * time.Second}),
-		// gRPC keeps a 32 KiB read and a 32 KiB write buffer per
-		// connection, most of an idle client's cost to the daemon. Clients
-		// send little (requests, window updates, pings): a small read
-		// buffer does. Write buffers come from a pool while a connection
-		// flushes and go back after.
+		// gRPC keeps a 32 KiB read buffer per connection (its write
+		// buffers come from a pool only while it flushes), most of an idle
+		// client's cost to the daemon. Clients send little (requests,
+		// window updates, pings): a small read buffer does.
 		grpc.ReadBufferSize(connReadBuffer),
-		grpc.SharedWriteBuffer(true),
 	}
 }
 
