@@ -9,9 +9,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/dynamic"
 	cmdutil "k8s.io/kubectl/pkg/cmd/util"
@@ -51,10 +53,86 @@ func inventoryClient(t *testing.T) (cmdutil.Factory, inventory.Client) {
 	return f, inv
 }
 
+// patientMapper is the factory's RESTMapper, except that a kind whose
+// CustomResourceDefinition is Established is waited for (up to 30 s) until
+// discovery serves it. The API server sets Established before its
+// discovery documents list the new kind, and cli-utils does not handle
+// that race: its Applier fails the apply of the custom object ("no matches
+// for kind"), and its DefaultStatusWatcher, which retries only on the next
+// CRD event, never watches the kind. Seen in CI about once per 100 CRDs.
+// It is the reference's race, not informerd's, so the tests wait it out.
+type patientMapper struct {
+	meta.RESTMapper
+	crds dynamic.ResourceInterface
+}
+
+func newPatientMapper(t *testing.T, f cmdutil.Factory) meta.RESTMapper {
+	t.Helper()
+	m, err := f.ToRESTMapper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return patientMapper{RESTMapper: m, crds: dynamic.NewForConfigOrDie(env.RESTConfig()).Resource(crdGVR)}
+}
+
+func (m patientMapper) Reset() { meta.MaybeResetRESTMapper(m.RESTMapper) }
+
+func (m patientMapper) RESTMapping(gk schema.GroupKind, versions ...string) (mapping *meta.RESTMapping, err error) {
+	m.waitForDiscovery(gk, func() error {
+		mapping, err = m.RESTMapper.RESTMapping(gk, versions...)
+		return err
+	})
+	return mapping, err
+}
+
+func (m patientMapper) RESTMappings(gk schema.GroupKind, versions ...string) (mappings []*meta.RESTMapping, err error) {
+	m.waitForDiscovery(gk, func() error {
+		mappings, err = m.RESTMapper.RESTMappings(gk, versions...)
+		return err
+	})
+	return mappings, err
+}
+
+// waitForDiscovery calls lookup until it finds gk, or gk has no
+// Established CRD, or 30 s have passed.
+func (m patientMapper) waitForDiscovery(gk schema.GroupKind, lookup func() error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if err := lookup(); !meta.IsNoMatchError(err) || !m.established(ctx, gk) {
+			return true, nil
+		}
+		m.Reset()
+		return false, nil
+	})
+}
+
+// established reports whether a CRD of gk has condition Established True.
+func (m patientMapper) established(ctx context.Context, gk schema.GroupKind) bool {
+	list, err := m.crds.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return false
+	}
+	for _, crd := range list.Items {
+		group, _, _ := unstructured.NestedString(crd.Object, "spec", "group")
+		kind, _, _ := unstructured.NestedString(crd.Object, "spec", "names", "kind")
+		if group != gk.Group || kind != gk.Kind {
+			continue
+		}
+		conditions, _, _ := unstructured.NestedSlice(crd.Object, "status", "conditions")
+		for _, c := range conditions {
+			if c, ok := c.(map[string]any); ok && c["type"] == "Established" && c["status"] == "True" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func newApplier(t *testing.T, sw watcher.StatusWatcher) *apply.Applier {
 	t.Helper()
 	f, inv := inventoryClient(t)
-	b := apply.NewApplierBuilder().WithFactory(f).WithInventoryClient(inv)
+	b := apply.NewApplierBuilder().WithFactory(f).WithRestMapper(newPatientMapper(t, f)).WithInventoryClient(inv)
 	if sw != nil {
 		b = b.WithStatusWatcher(sw)
 	}
@@ -68,7 +146,7 @@ func newApplier(t *testing.T, sw watcher.StatusWatcher) *apply.Applier {
 func newDestroyer(t *testing.T, sw watcher.StatusWatcher) *apply.Destroyer {
 	t.Helper()
 	f, inv := inventoryClient(t)
-	b := apply.NewDestroyerBuilder().WithFactory(f).WithInventoryClient(inv)
+	b := apply.NewDestroyerBuilder().WithFactory(f).WithRestMapper(newPatientMapper(t, f)).WithInventoryClient(inv)
 	if sw != nil {
 		b = b.WithStatusWatcher(sw)
 	}
