@@ -348,7 +348,7 @@ func streamEvents(ctx context.Context, c *client.Client, opts client.WatchOption
 }
 
 // liveHeap forces two GCs and returns the live heap the second found: the
-// first keeps what sync.Pools held in their victim caches (see the
+// first leaves what sync.Pools held live in their victim caches (see the
 // daemon's heapLive).
 func liveHeap() uint64 {
 	runtime.GC()

@@ -510,15 +510,14 @@ func startDaemon(ctx context.Context, bin, kubeconfig string) (*daemon, error) {
 func (d *daemon) pid() int { return d.cmd.Process.Pid }
 
 // heapLive forces two GCs in the daemon (heap profiles with gc=1) and
-// returns the live heap the second found. One is not enough: a GC keeps
-// what sync.Pools held before it in their victim caches, and those hold
-// the gzip writers (about 650 KB each) of earlier scrapes of the daemon's
-// own /metrics and profiles, so one GC measured the measuring, by however
-// many scrapes had overlapped (up to 1.7 MB at N=50 in one run). The
-// scrapes here ask for uncompressed answers for the same reason.
+// returns the live heap the second found. One is not enough: a GC moves
+// what sync.Pools hold into their victim caches, which stay live until
+// the next, and after the clients' snapshots gRPC's pool holds the write
+// buffers their connections flushed with (1.3 MB at N=50 in one profile),
+// which no idle connection keeps.
 func (d *daemon) heapLive(ctx context.Context, token string) (uint64, error) {
 	for range 2 {
-		if _, err := scrape(ctx, d.metrics+"/debug/pprof/heap?gc=1&debug=1", token); err != nil {
+		if _, err := scrape(ctx, d.metrics+"/debug/pprof/heap?gc=1", token); err != nil {
 			return 0, err
 		}
 	}

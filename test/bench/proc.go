@@ -102,7 +102,6 @@ func scrape(ctx context.Context, url, token string) ([]byte, error) {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	req.Header.Set("Accept-Encoding", "identity") // see heapLive
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, err
