@@ -218,7 +218,7 @@ func (inst *instance) send(u update) bool {
 // readPods reads the shared pod subscription.
 func (inst *instance) readPods() {
 	defer inst.wg.Done()
-	ev, err := inst.opts.Subscribe(inst.ctx, cache.Request{GVR: podsGVR, Holder: inst.opts.Holder})
+	ev, err := inst.opts.Subscribe(inst.ctx, cache.Request{GVR: podsGVR, Holder: inst.opts.Holder, Owner: cache.OwnerInternal})
 	if err != nil {
 		inst.fail(fmt.Errorf("address: watching pods: %w", err))
 		return
@@ -247,7 +247,7 @@ func (inst *instance) readRelated(i int) {
 	wait := false // the first try is a plain subscription; later ones wait for the resource
 	retry := backoff.Backoff{Initial: minRewatch, Max: maxRewatch}
 	for inst.ctx.Err() == nil {
-		ev, err := inst.opts.Subscribe(inst.ctx, cache.Request{GVR: kind.Resource, Holder: inst.opts.Holder, WaitForResource: wait})
+		ev, err := inst.opts.Subscribe(inst.ctx, cache.Request{GVR: kind.Resource, Holder: inst.opts.Holder, Owner: cache.OwnerInternal, WaitForResource: wait})
 		if err == nil {
 			retry.Reset()
 			err = read(inst.ctx, ev, func(o *cache.Object) *relObj {

@@ -55,20 +55,58 @@ type AuthenticatorOptions struct {
 	NegativeTTL time.Duration
 	// CacheSize bounds the tokens remembered. Default 4096.
 	CacheSize int
-	// ReviewOptions bound the TokenReviews; their source is a peer.
+	// ReviewOptions bound the TokenReviews of tokens informerd has not
+	// seen: ReviewsPerSecond and ReviewBurst are shared by all sources
+	// together, each source (a peer: see Peer.Key) having at most
+	// MaxPendingPerSource of them waiting or in flight. Re-checks of a
+	// stream's token (see Grant) are never limited, and a new token of a
+	// ServiceAccount whose token was accepted within the last knownTTL (a
+	// rotated token) is limited per ServiceAccount instead.
 	ReviewOptions
+	// MaxPendingPerSource bounds the reviews of new tokens one source may
+	// have waiting or in flight; more are refused with ErrThrottled.
+	// Default 4.
+	MaxPendingPerSource int
 }
 
 // Authenticator verifies bearer tokens with TokenReview. It is safe for
 // concurrent use.
 type Authenticator struct {
-	opts    AuthenticatorOptions
-	log     *slog.Logger
-	cache   *expirable.LRU[tokenKey, tokenEntry]
-	flight  singleflight.Group // of review, by token key
-	limit   *keyedLimiter
-	metrics *authnMetrics
+	opts   AuthenticatorOptions
+	log    *slog.Logger
+	cache  *expirable.LRU[tokenKey, tokenEntry]
+	flight singleflight.Group // of review, by token key
+	// strangers is the budget of reviews for tokens not seen before.
+	strangers *sharedBudget
+	// known holds the ServiceAccounts ("namespace/name") whose tokens
+	// were accepted recently; rotated tokens of them are reviewed on the
+	// per-ServiceAccount budget rotations.
+	known     *expirable.LRU[string, struct{}]
+	rotations *keyedLimiter
+	metrics   *authnMetrics
 }
+
+// reviewClass is who pays for a TokenReview.
+type reviewClass uint8
+
+const (
+	// classNew: a caller presents a token; its source pays.
+	classNew reviewClass = iota
+	// classRecheck: a Grant re-checks the token of a stream it already
+	// serves; nobody pays, as the number of streams bounds it.
+	classRecheck
+)
+
+// Budgets of rotated tokens: how long a ServiceAccount whose token was
+// accepted is known, and how many tokens of it may be reviewed as
+// rotations (the kubelet rotates a projected token after 80% of its life,
+// so a few pods of one ServiceAccount need a review every few minutes).
+const (
+	knownTTL       = time.Hour
+	rotationsPerS  = 1
+	rotationBurst  = 10
+	maxPendingWait = 5 * time.Second // a new token waits at most this long for the budget
+)
 
 // tokenEntry is a remembered answer: a user or a rejection.
 type tokenEntry struct {
@@ -94,17 +132,22 @@ func NewAuthenticator(opts AuthenticatorOptions) (*Authenticator, error) {
 	if opts.CacheSize <= 0 {
 		opts.CacheSize = 4096
 	}
+	if opts.MaxPendingPerSource <= 0 {
+		opts.MaxPendingPerSource = 4
+	}
 	opts.setDefaults()
 	m, err := newAuthnMetrics(opts.Registerer)
 	if err != nil {
 		return nil, err
 	}
 	return &Authenticator{
-		opts:    opts,
-		log:     opts.Logger,
-		cache:   expirable.NewLRU[tokenKey, tokenEntry](opts.CacheSize, nil, max(opts.CacheTTL, opts.NegativeTTL)),
-		limit:   newKeyedLimiter(opts.ReviewsPerSecond, opts.ReviewBurst),
-		metrics: m,
+		opts:      opts,
+		log:       opts.Logger,
+		cache:     expirable.NewLRU[tokenKey, tokenEntry](opts.CacheSize, nil, max(opts.CacheTTL, opts.NegativeTTL)),
+		strangers: newSharedBudget(opts.ReviewsPerSecond, opts.ReviewBurst, opts.MaxPendingPerSource, min(maxPendingWait, opts.ReviewTimeout)),
+		known:     expirable.NewLRU[string, struct{}](opts.CacheSize, nil, knownTTL),
+		rotations: newKeyedLimiter(rotationsPerS, rotationBurst),
+		metrics:   m,
 	}, nil
 }
 
@@ -127,11 +170,12 @@ func (a *Authenticator) Authenticate(ctx context.Context, authorization []string
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	return a.AuthenticateToken(ctx, token, source)
+	return a.authenticate(ctx, token, source, classNew)
 }
 
-// AuthenticateToken is Authenticate for a token already extracted.
-func (a *Authenticator) AuthenticateToken(ctx context.Context, token, source string) (*User, time.Time, error) {
+// authenticate is Authenticate for a token already extracted, with who
+// pays for a review.
+func (a *Authenticator) authenticate(ctx context.Context, token, source string, class reviewClass) (*User, time.Time, error) {
 	key := keyOf(token)
 	if e, ok := a.cache.Get(key); ok && a.opts.Now().Before(e.expires) {
 		a.metrics.cacheHits.Inc()
@@ -144,18 +188,26 @@ func (a *Authenticator) AuthenticateToken(ctx context.Context, token, source str
 		return nil, time.Time{}, errorf(ErrUnauthenticated, "malformed token: %v", err)
 	}
 	// Concurrent callers with one token share one review, which outlives a
-	// caller that leaves (it is bounded by ReviewTimeout), and which counts
-	// against the rate of the source that started it.
+	// caller that leaves (it is bounded by ReviewTimeout), and which is
+	// paid for as the caller that started it pays.
 	ch := a.flight.DoChan(hex.EncodeToString(key[:]), func() (any, error) {
 		// A review that ended between our look-up and this flight has
 		// filled the cache: look again.
 		if e, ok := a.cache.Get(key); ok && a.opts.Now().Before(e.expires) {
 			return e, nil
 		}
-		if !a.limit.allow(source) {
-			a.metrics.throttled.Inc()
-			return tokenEntry{err: errorf(ErrThrottled, "too many new tokens from %s: at most %g TokenReviews per second (burst %d) for tokens informerd has not seen; retry later",
-				source, a.opts.ReviewsPerSecond, a.opts.ReviewBurst)}, nil
+		if class == classNew && !a.admitRotation(c) {
+			wait, done, ok := a.strangers.admit(source, a.opts.Now())
+			if !ok {
+				a.metrics.throttled.Inc()
+				return tokenEntry{err: errorf(ErrThrottled, "too many new tokens: informerd reviews at most %g tokens it has not seen per second (burst %d) for all callers, and %d at once from %s; retry in a second",
+					a.opts.ReviewsPerSecond, a.opts.ReviewBurst, a.opts.MaxPendingPerSource, source)}, nil
+			}
+			defer done()
+			if wait > 0 {
+				t := time.NewTimer(wait) // at most maxPendingWait
+				<-t.C
+			}
 		}
 		e := a.review(token, c)
 		if e.expires.After(a.opts.Now()) {
@@ -170,6 +222,18 @@ func (a *Authenticator) AuthenticateToken(ctx context.Context, token, source str
 		e := r.Val.(tokenEntry)
 		return e.user, e.expires, e.err
 	}
+}
+
+// admitRotation reports whether a new token may be reviewed as a rotated
+// token of a known ServiceAccount, on that ServiceAccount's budget. Its
+// claims are unverified: a forged claim spends only that ServiceAccount's
+// rotations, after which its tokens are reviewed as strangers'.
+func (a *Authenticator) admitRotation(c claims) bool {
+	sa := c.serviceAccount()
+	if sa == "" || !a.known.Contains(sa) {
+		return false
+	}
+	return a.rotations.allow(sa, a.opts.Now())
 }
 
 // review asks the API server about token.
@@ -195,12 +259,29 @@ func (a *Authenticator) review(token string, c claims) tokenEntry {
 	if !st.Authenticated {
 		return reject("%s", a.explain(c, st.Error, now))
 	}
-	if len(st.Audiences) > 0 && !slices.Contains(st.Audiences, a.opts.Audience) {
+	// Fail closed: an authenticator that does not say which audiences it
+	// checked (a webhook, an old API server) has not checked ours.
+	if !slices.Contains(st.Audiences, a.opts.Audience) {
+		if len(st.Audiences) == 0 {
+			return reject("the API server accepted the token without confirming its audience %q (status.audiences is empty): informerd needs an authenticator that checks audiences, as the API server's ServiceAccount token authenticator does", a.opts.Audience)
+		}
 		return reject("wrong audience: the API server accepted the token for %q, not %q", st.Audiences, a.opts.Audience)
 	}
 	u := userOf(st.User)
-	if a.opts.NodeName != "" && u.Node != "" && u.Node != a.opts.NodeName {
-		return reject("the token is bound to pod %s on node %s, and this informerd serves node %s: connect to the informerd of your own node", u.Pod, u.Node, a.opts.NodeName)
+	if a.opts.NodeName != "" && u.Pod != "" {
+		// A token bound to a pod is good only on that pod's node. One bound
+		// to no pod (a TokenRequest without a bound object) is good where
+		// the API server accepts it, on any node.
+		switch {
+		case u.Node == "":
+			return reject("the token is bound to pod %s, and the API server did not say on which node (no %s in the review: Kubernetes before 1.30): this informerd serves node %s only and cannot check it",
+				u.Pod, ExtraNodeName, a.opts.NodeName)
+		case u.Node != a.opts.NodeName:
+			return reject("the token is bound to pod %s on node %s, and this informerd serves node %s: connect to the informerd of your own node", u.Pod, u.Node, a.opts.NodeName)
+		}
+	}
+	if sa := c.serviceAccount(); sa != "" {
+		a.known.Add(sa, struct{}{})
 	}
 	a.metrics.reviews.WithLabelValues("authenticated").Inc()
 	expires := now.Add(a.opts.CacheTTL)

@@ -237,28 +237,155 @@ func TestAuthenticateSharesOneReviewAmongConcurrentCallers(t *testing.T) {
 	}
 }
 
-func TestAuthenticateLimitsNewTokensPerSource(t *testing.T) {
-	c := newClock()
-	f := &fakeTokenReviews{review: authenticated(nil)}
-	a := newTestAuthenticator(t, f, c, AuthenticatorOptions{ReviewOptions: ReviewOptions{ReviewsPerSecond: 0.001, ReviewBurst: 3}})
+// TestNewTokensShareOneBudgetFairly: reviews of tokens informerd has not
+// seen come from one budget for all sources, each source with at most
+// MaxPendingPerSource waiting or in flight: a source that floods is
+// refused beyond its share at once, and another source's token is still
+// reviewed; a cached token costs nothing whatever the budget.
+func TestNewTokensShareOneBudgetFairly(t *testing.T) {
+	release := make(chan struct{})
+	f := &fakeTokenReviews{review: func(tr *authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error) {
+		<-release
+		return authenticated(nil)(tr)
+	}}
+	a := newTestAuthenticator(t, f, newClock(), AuthenticatorOptions{MaxPendingPerSource: 2, ReviewOptions: ReviewOptions{ReviewsPerSecond: 1000, ReviewBurst: 1000}})
 	ctx := context.Background()
-	token := func(i int) []string { return bearer(jwt(map[string]any{"jti": fmt.Sprint(i)})) }
-	for i := range 3 {
-		if _, _, err := a.Authenticate(ctx, token(i), "uid 66"); err != nil {
+	token := func(i int) []string { return bearer(jwt(map[string]any{"jti": fmt.Sprint(i), "aud": "informerd"})) }
+
+	flood := make(chan error, 2)
+	for i := range 2 {
+		go func() { _, _, err := a.Authenticate(ctx, token(i), "loopback"); flood <- err }()
+	}
+	waitFor(t, func() bool { return a.strangers.pending("loopback") == 2 })
+	_, _, err := a.Authenticate(ctx, token(2), "loopback")
+	if !errors.Is(err, ErrThrottled) || !strings.Contains(err.Error(), "loopback") {
+		t.Fatalf("a 3rd pending new token from one source: %v, want ErrThrottled naming the source", err)
+	}
+	other := make(chan error, 1)
+	go func() { _, _, err := a.Authenticate(ctx, token(3), "uid 1000"); other <- err }()
+	waitFor(t, func() bool { return a.strangers.pending("uid 1000") == 1 })
+	close(release)
+	for range 2 {
+		if err := <-flood; err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, _, err := a.Authenticate(ctx, token(3), "uid 66")
-	if !errors.Is(err, ErrThrottled) || !strings.Contains(err.Error(), "uid 66") {
-		t.Fatalf("4th new token from one source: %v, want ErrThrottled naming the source", err)
+	if err := <-other; err != nil {
+		t.Fatalf("another source's token: %v", err)
 	}
-	if _, _, err := a.Authenticate(ctx, token(0), "uid 66"); err != nil {
-		t.Fatalf("a cached token is answered whatever the source's rate: %v", err)
+	if _, _, err := a.Authenticate(ctx, token(0), "loopback"); err != nil {
+		t.Fatalf("a cached token is answered whatever the budget: %v", err)
 	}
-	if _, _, err := a.Authenticate(ctx, token(4), "uid 1000"); err != nil {
-		t.Fatalf("another source is not limited by the first: %v", err)
+	if got := f.calls.Load(); got != 3 {
+		t.Fatalf("%d TokenReviews, want 3", got)
 	}
-	if got := f.calls.Load(); got != 4 {
-		t.Fatalf("%d TokenReviews, want 4", got)
+}
+
+// TestNewTokenBudgetIsBounded: past the shared budget (more than its
+// longest wait away), new tokens are refused: strangers cannot spend the
+// review client's capacity that re-checks and known callers need.
+func TestNewTokenBudgetIsBounded(t *testing.T) {
+	f := &fakeTokenReviews{review: authenticated(nil)}
+	a := newTestAuthenticator(t, f, newClock(), AuthenticatorOptions{MaxPendingPerSource: 100, ReviewOptions: ReviewOptions{ReviewsPerSecond: 0.001, ReviewBurst: 3}})
+	ctx := context.Background()
+	for i := range 3 {
+		if _, _, err := a.Authenticate(ctx, bearer(jwt(map[string]any{"jti": fmt.Sprint(i)})), fmt.Sprint("source ", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := a.Authenticate(ctx, bearer(jwt(map[string]any{"jti": "x"})), "source x"); !errors.Is(err, ErrThrottled) {
+		t.Fatalf("a new token past the shared budget: %v, want ErrThrottled", err)
+	}
+	if got := f.calls.Load(); got != 3 {
+		t.Fatalf("%d TokenReviews, want 3", got)
+	}
+}
+
+// TestKnownTokensAreServedAheadOfStrangers: with the budget of new tokens
+// spent, a Grant's re-check of its token is still made (it pays nothing),
+// and so is a rotated token of a ServiceAccount whose token was accepted
+// (on that ServiceAccount's own budget).
+func TestKnownTokensAreServedAheadOfStrangers(t *testing.T) {
+	f := &fakeTokenReviews{review: authenticated(nil)}
+	c := newClock()
+	a := newTestAuthenticator(t, f, c, AuthenticatorOptions{CacheTTL: time.Minute, ReviewOptions: ReviewOptions{ReviewsPerSecond: 0.001, ReviewBurst: 1}})
+	ctx := context.Background()
+	sa := func(jti string) string {
+		return jwt(map[string]any{"jti": jti, "aud": "informerd", "exp": c.Now().Add(time.Hour).Unix(), "kubernetes.io": map[string]any{
+			"namespace": "a", "serviceaccount": map[string]string{"name": "reader", "uid": "u1"},
+		}})
+	}
+	first := sa("1")
+	if _, _, err := a.Authenticate(ctx, bearer(first), "uid 1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.Authenticate(ctx, bearer(jwt(map[string]any{"jti": "stranger"})), "uid 2"); !errors.Is(err, ErrThrottled) {
+		t.Fatalf("the budget is not spent: %v", err)
+	}
+	c.advance(2 * time.Minute) // the first token's cache entry runs out
+	if _, _, err := a.authenticate(ctx, first, "", classRecheck); err != nil {
+		t.Fatalf("a re-check with the budget spent: %v", err)
+	}
+	if _, _, err := a.Authenticate(ctx, bearer(sa("rotated")), "uid 1"); err != nil {
+		t.Fatalf("a rotated token of a known ServiceAccount with the budget spent: %v", err)
+	}
+	if got := f.calls.Load(); got != 3 {
+		t.Fatalf("%d TokenReviews, want 3", got)
+	}
+}
+
+// TestTokenChecksFailClosed: a review that accepts a token without saying
+// which audiences it checked is a rejection; with a node name set, a token
+// bound to a pod is accepted only when the review says the pod's node and
+// it is this one; a token bound to no pod is accepted on any node.
+func TestTokenChecksFailClosed(t *testing.T) {
+	podExtra := map[string]authenticationv1.ExtraValue{ExtraPodName: {"p"}}
+	for _, tc := range []struct {
+		name      string
+		audiences []string
+		extra     map[string]authenticationv1.ExtraValue
+		want      string // in the error, or "" to accept
+	}{
+		{"audience confirmed", []string{"informerd"}, nil, ""},
+		{"no audience in the review", nil, nil, "without confirming its audience"},
+		{"another audience", []string{"api"}, nil, "wrong audience"},
+		{"bound to a pod on this node", []string{"informerd"}, map[string]authenticationv1.ExtraValue{ExtraPodName: {"p"}, ExtraNodeName: {"n1"}}, ""},
+		{"bound to a pod on another node", []string{"informerd"}, map[string]authenticationv1.ExtraValue{ExtraPodName: {"p"}, ExtraNodeName: {"n2"}}, "on node n2"},
+		{"bound to a pod, node not said", []string{"informerd"}, podExtra, "did not say on which node"},
+		{"bound to no pod", []string{"informerd"}, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeTokenReviews{review: func(*authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error) {
+				return &authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: tc.audiences,
+					User: authenticationv1.UserInfo{Username: "system:serviceaccount:a:reader", Extra: tc.extra}}, nil
+			}}
+			a := newTestAuthenticator(t, f, newClock(), AuthenticatorOptions{NodeName: "n1"})
+			_, _, err := a.Authenticate(context.Background(), bearer(jwt(map[string]any{"aud": "informerd"})), "uid 1")
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (!errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("%v, want ErrUnauthenticated saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// pending returns the reviews source has waiting or in flight.
+func (b *sharedBudget) pending(source string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.busy[source]
+}
+
+// waitFor waits until cond holds, failing the test after 10s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 10s")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -71,7 +71,7 @@ type AuthorizerOptions struct {
 	DenyTTL time.Duration
 	// CacheSize bounds each of the allow and deny caches. Default 16384.
 	CacheSize int
-	// ReviewOptions bound the SubjectAccessReviews; their source is the
+	// ReviewOptions bound the SubjectAccessReviews of new checks, per
 	// user.
 	ReviewOptions
 }
@@ -81,8 +81,10 @@ type AuthorizerOptions struct {
 type ReviewOptions struct {
 	// ReviewTimeout bounds one review. Default 10s.
 	ReviewTimeout time.Duration
-	// ReviewsPerSecond and ReviewBurst limit the reviews that questions
-	// missing the caches cause, per source. Defaults 20 and 100.
+	// ReviewsPerSecond and ReviewBurst limit the reviews that new
+	// questions missing the caches cause (per user for an Authorizer; see
+	// AuthenticatorOptions for an Authenticator). A Grant's re-checks are
+	// not limited. Defaults 20 and 100.
 	ReviewsPerSecond float64
 	ReviewBurst      int
 	// Logger. Default slog.Default().
@@ -163,10 +165,21 @@ func NewAuthorizer(opts AuthorizerOptions) (*Authorizer, error) {
 }
 
 // Authorize returns nil and the time the decision expires if u may do a;
-// the caller checks again after that to learn of a revoked permission.
-// Errors wrap ErrDenied (naming the user and a), ErrThrottled or
-// ErrUnavailable.
+// the caller checks again after that to learn of a revoked permission (a
+// Grant does). A question the caches cannot answer costs a review from
+// u's budget. Errors wrap ErrDenied (naming the user and a), ErrThrottled
+// or ErrUnavailable.
 func (z *Authorizer) Authorize(ctx context.Context, u *User, a Attributes) (time.Time, error) {
+	return z.authorize(ctx, u, a, classNew)
+}
+
+// AllowTTL returns how long an allowed access is remembered.
+func (z *Authorizer) AllowTTL() time.Duration { return z.opts.AllowTTL }
+
+// authorize is Authorize, with who pays for a review: a Grant's re-check
+// pays nothing, so that a caller cannot dodge its re-checks by spending
+// its own budget.
+func (z *Authorizer) authorize(ctx context.Context, u *User, a Attributes, class reviewClass) (time.Time, error) {
 	key := keyOfAccess(u, a)
 	if d, ok := z.cached(key); ok {
 		if d.allowed {
@@ -177,15 +190,15 @@ func (z *Authorizer) Authorize(ctx context.Context, u *User, a Attributes) (time
 		return time.Time{}, z.deny(u, a, d.reason)
 	}
 	// Concurrent identical checks share one review, which outlives a
-	// caller that leaves (it is bounded by ReviewTimeout), and which counts
-	// against the user's rate.
+	// caller that leaves (it is bounded by ReviewTimeout), and which is
+	// paid for as the caller that started it pays.
 	ch := z.flight.DoChan(hex.EncodeToString(key[:]), func() (any, error) {
 		// A review that ended between our look-up and this flight has
 		// filled a cache: look again.
 		if d, ok := z.cached(key); ok {
 			return d, nil
 		}
-		if !z.limit.allow(u.Name) {
+		if class == classNew && !z.limit.allow(u.Name, z.opts.Now()) {
 			z.metrics.throttled.Inc()
 			return decision{err: errorf(ErrThrottled, "too many new access checks by %s: at most %g SubjectAccessReviews per second (burst %d) for checks informerd has not cached; retry later",
 				u.Name, z.opts.ReviewsPerSecond, z.opts.ReviewBurst)}, nil

@@ -76,8 +76,8 @@ type Options struct {
 	// with ErrLimit. Default 0: no limit.
 	MaxSources int
 	// MaxSourcesPerOwner bounds the distinct informers the requests of one
-	// Request.Owner hold at once; more fail with ErrLimit. Requests without
-	// an Owner are not counted. Default 0: no limit.
+	// Request.Owner hold at once; more fail with ErrLimit. OwnerInternal
+	// is not limited. Default 0: no limit.
 	MaxSourcesPerOwner int
 	// MaxLogBytes bounds the object bytes that the event logs of all
 	// informers refer to together (each is also bounded by Log.MaxBytes):
@@ -109,8 +109,9 @@ type Request struct {
 	// Resume does: a client that has seen a state never receives an older
 	// one, even from another informer.
 	NotOlderThan string
-	// Owner is the identity on whose behalf the request is made, for
-	// Options.MaxSourcesPerOwner; "" is not counted.
+	// Owner is the identity on whose behalf the request is made, counted
+	// against Options.MaxSourcesPerOwner. Required: nothing subscribes
+	// uncounted.
 	Owner string
 	// WaitForResource waits for an unknown resource to appear (for example
 	// a CRD being created) instead of failing with ErrUnknownResource.
@@ -122,6 +123,15 @@ type Request struct {
 	// and JSON subscribers of one resource are served by separate Sources.
 	Protobuf bool
 }
+
+// OwnerInternal owns the subscriptions that informerd's own components
+// (the status engine, the address tracker) make to serve what callers
+// hold: it is counted but not limited, since each caller holds what they
+// read (Manager.Hold) under its own Owner first.
+const OwnerInternal = "informerd (internal)"
+
+// errNoOwner: a Request without an Owner.
+var errNoOwner = errors.New("cache: Request.Owner is required")
 
 // Manager owns the Sources: it starts one per Key on the first
 // subscription, keeps it while subscribed, lets it linger when unused, and
@@ -278,6 +288,9 @@ func newManager(opts Options, mapper resettableMapper, newUpstream func(Key) ups
 // Errors: ErrUnknownResource (wrapped, naming the resource); ErrNotSynced
 // wrapping the upstream cause when the first list failed; ctx.Err().
 func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, error) {
+	if req.Owner == "" {
+		return nil, errNoOwner
+	}
 	key, gvk, err := m.resolve(ctx, req)
 	if err != nil {
 		return nil, err
@@ -295,6 +308,28 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 	m.metrics.subscribers.Inc()
 	sub.release = func() { m.metrics.subscribers.Dec(); release() }
 	return sub, nil
+}
+
+// Hold acquires the Source that would serve req for req.Owner (starting
+// it if none runs), as Subscribe does but without subscribing or waiting
+// for it to sync: a caller holds what another component reads on its
+// behalf, so that it counts against the caller's MaxSourcesPerOwner and
+// shows as the caller's in introspection. It returns the Key held and the
+// func that releases it (idempotent). Errors: those of Subscribe's
+// discovery, and ErrLimit.
+func (m *Manager) Hold(ctx context.Context, req Request) (Key, func(), error) {
+	if req.Owner == "" {
+		return Key{}, nil, errNoOwner
+	}
+	key, gvk, err := m.resolve(ctx, req)
+	if err != nil {
+		return Key{}, nil, err
+	}
+	_, release, err := m.acquire(key, gvk, req.Holder, req.Owner)
+	if err != nil {
+		return Key{}, nil, err
+	}
+	return key, release, nil
 }
 
 // Get returns the object name in req.Namespace as the informer that
@@ -524,7 +559,7 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder, owner st
 		m.removeLocked(key, e)
 		e = nil
 	}
-	if owner != "" && (e == nil || e.owners[owner] == 0) {
+	if owner != OwnerInternal && (e == nil || e.owners[owner] == 0) {
 		if max := m.opts.MaxSourcesPerOwner; max > 0 && m.owned[owner] >= max {
 			return nil, nil, fmt.Errorf("%w: %s already holds %d informers, the most one caller may hold at once; close some streams first", ErrLimit, owner, max)
 		}
@@ -547,10 +582,8 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder, owner st
 	}
 	e.refs++
 	e.holders[holder]++
-	if owner != "" {
-		if e.owners[owner]++; e.owners[owner] == 1 {
-			m.owned[owner]++
-		}
+	if e.owners[owner]++; e.owners[owner] == 1 {
+		m.owned[owner]++
 	}
 	var once sync.Once
 	return e.src, func() { once.Do(func() { m.release(key, e, holder, owner) }) }, nil
@@ -581,12 +614,10 @@ func (m *Manager) release(key Key, e *entry, holder, owner string) {
 	if e.holders[holder]--; e.holders[holder] == 0 {
 		delete(e.holders, holder)
 	}
-	if owner != "" {
-		if e.owners[owner]--; e.owners[owner] == 0 {
-			delete(e.owners, owner)
-			if m.owned[owner]--; m.owned[owner] == 0 {
-				delete(m.owned, owner)
-			}
+	if e.owners[owner]--; e.owners[owner] == 0 {
+		delete(e.owners, owner)
+		if m.owned[owner]--; m.owned[owner] == 0 {
+			delete(m.owned, owner)
 		}
 	}
 	if e.refs > 0 || m.closed || m.sources[key] != e {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync/atomic"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,9 +80,9 @@ func mustSub(t *testing.T, m *Manager, ns, holder, owner string) *Subscription {
 // subscription takes it back without a new upstream.
 func TestManagerRefCounts(t *testing.T) {
 	m, _, made := newTestManager(t, Options{LingerTTL: time.Hour})
-	a := mustSub(t, m, "", "a", "")
-	b := mustSub(t, m, "", "b", "")
-	c := mustSub(t, m, "", "b", "")
+	a := mustSub(t, m, "", "a", "test")
+	b := mustSub(t, m, "", "b", "test")
+	c := mustSub(t, m, "", "b", "test")
 	if a.src != b.src || b.src != c.src || made.Load() != 1 {
 		t.Fatalf("3 subscriptions of one key made %d upstreams", made.Load())
 	}
@@ -96,7 +97,7 @@ func TestManagerRefCounts(t *testing.T) {
 	if infos := m.Sources(); len(infos) != 1 || infos[0].RefCount != 0 || len(infos[0].Holders) != 0 {
 		t.Fatalf("after closing: %+v, want one lingering Source", infos)
 	}
-	d := mustSub(t, m, "", "d", "")
+	d := mustSub(t, m, "", "d", "test")
 	defer d.Close()
 	if d.src != a.src || made.Load() != 1 || d.src.stopped() {
 		t.Fatal("re-subscribing within the linger TTL did not reuse the lingering Source")
@@ -109,7 +110,7 @@ func TestManagerRefCounts(t *testing.T) {
 func TestManagerEvictionInterleavings(t *testing.T) {
 	m, _, made := newTestManager(t, Options{LingerTTL: time.Hour})
 	key := Key{GVR: testGVR}
-	s1 := mustSub(t, m, "", "x", "")
+	s1 := mustSub(t, m, "", "x", "test")
 	e := m.entryFor(t, key)
 
 	// Re-acquired: the LRU evicts it just after a subscriber took it back.
@@ -133,7 +134,7 @@ func TestManagerEvictionInterleavings(t *testing.T) {
 	if !e.src.stopped() || m.entryFor(t, key) != nil {
 		t.Fatal("an evicted unused Source still runs")
 	}
-	s2 := mustSub(t, m, "", "x", "")
+	s2 := mustSub(t, m, "", "x", "test")
 	defer s2.Close()
 	if s2.src == e.src || made.Load() != 2 {
 		t.Fatal("a subscription after eviction did not start a new Source")
@@ -144,7 +145,7 @@ func TestManagerEvictionInterleavings(t *testing.T) {
 // TTL (the LRU's own expiry, in real time).
 func TestManagerLingerTTLExpires(t *testing.T) {
 	m, _, _ := newTestManager(t, Options{LingerTTL: 50 * time.Millisecond})
-	s := mustSub(t, m, "", "x", "")
+	s := mustSub(t, m, "", "x", "test")
 	src := s.src
 	s.Close()
 	select {
@@ -163,9 +164,9 @@ func TestManagerLingerTTLExpires(t *testing.T) {
 // while old subscribers still drain the stopped one.
 func TestManagerReplacesAStoppedSource(t *testing.T) {
 	m, _, made := newTestManager(t, Options{LingerTTL: time.Hour})
-	old := mustSub(t, m, "", "x", "")
+	old := mustSub(t, m, "", "x", "test")
 	old.src.stop()
-	fresh := mustSub(t, m, "", "y", "")
+	fresh := mustSub(t, m, "", "y", "test")
 	defer fresh.Close()
 	if fresh.src == old.src || made.Load() != 2 {
 		t.Fatal("a new subscription was given the stopped Source")
@@ -181,17 +182,17 @@ func TestManagerReplacesAStoppedSource(t *testing.T) {
 // ErrLimit and the running ones are untouched.
 func TestManagerMaxSources(t *testing.T) {
 	m, _, _ := newTestManager(t, Options{LingerTTL: time.Hour, MaxSources: 2})
-	a := mustSub(t, m, "a", "x", "")
-	b := mustSub(t, m, "b", "x", "")
+	a := mustSub(t, m, "a", "x", "test")
+	b := mustSub(t, m, "b", "x", "test")
 	a.Close() // lingers
-	c := mustSub(t, m, "c", "x", "")
+	c := mustSub(t, m, "c", "x", "test")
 	defer c.Close()
 	defer b.Close()
 	m.wg.Wait()
 	if !a.src.stopped() || b.src.stopped() {
 		t.Fatal("the lingering Source was not the one stopped for a new one")
 	}
-	if _, err := sub(t, m, "d", "x", ""); !errors.Is(err, ErrLimit) {
+	if _, err := sub(t, m, "d", "x", "test"); !errors.Is(err, ErrLimit) {
 		t.Fatalf("a 3rd Source with 2 in use: %v, want ErrLimit", err)
 	}
 	if b.src.stopped() || c.src.stopped() {
@@ -223,12 +224,40 @@ func TestManagerMaxSourcesPerOwner(t *testing.T) {
 	d.Close()
 }
 
+// TestManagerHoldCountsForItsOwner: what a component reads on a caller's
+// behalf is held under the caller's Owner first (Hold), so it counts
+// against the caller's limit; the component's own subscriptions
+// (OwnerInternal) are not limited; and nothing subscribes without an
+// Owner.
+func TestManagerHoldCountsForItsOwner(t *testing.T) {
+	m, _, _ := newTestManager(t, Options{LingerTTL: time.Hour, MaxSourcesPerOwner: 1})
+	ctx := t.Context()
+	key, release, err := m.Hold(ctx, Request{GVR: testGVR, Namespace: "a", FieldSelector: "a", Owner: "mallory", Holder: "status"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if e := m.entryFor(t, key); e == nil || e.owners["mallory"] != 1 {
+		t.Fatalf("Hold did not acquire %v for its owner", key)
+	}
+	if _, _, err := m.Hold(ctx, Request{GVR: testGVR, Namespace: "b", FieldSelector: "b", Owner: "mallory"}); !errors.Is(err, ErrLimit) {
+		t.Fatalf("a 2nd held Source for one owner: %v, want ErrLimit", err)
+	}
+	for _, ns := range []string{"a", "b"} {
+		s := mustSub(t, m, ns, "status", OwnerInternal)
+		defer s.Close()
+	}
+	if _, err := m.Subscribe(ctx, Request{GVR: testGVR}); err == nil || !strings.Contains(err.Error(), "Owner is required") {
+		t.Fatalf("Subscribe without an Owner: %v", err)
+	}
+}
+
 // TestDiscoveryRefreshIsRateLimited: a burst of requests for an unknown
 // resource rereads discovery once, not once per request.
 func TestDiscoveryRefreshIsRateLimited(t *testing.T) {
 	m, mapper, _ := newTestManager(t, Options{})
 	for range 50 {
-		_, err := m.Subscribe(t.Context(), Request{GVR: schema.GroupVersionResource{Version: "v1", Resource: "nonexistent"}})
+		_, err := m.Subscribe(t.Context(), Request{GVR: schema.GroupVersionResource{Version: "v1", Resource: "nonexistent"}, Owner: "test"})
 		if !errors.Is(err, ErrUnknownResource) {
 			t.Fatalf("unknown resource: %v", err)
 		}
@@ -242,14 +271,14 @@ func TestDiscoveryRefreshIsRateLimited(t *testing.T) {
 // subscribers read ErrStopped.
 func TestManagerCloseStopsSubscribers(t *testing.T) {
 	m, _, _ := newTestManager(t, Options{})
-	s := mustSub(t, m, "", "x", "")
+	s := mustSub(t, m, "", "x", "test")
 	defer s.Close()
 	read(t, t.Context(), s, 1) // SYNCED
 	m.Close()
 	if _, err := s.Next(t.Context(), 10); !errors.Is(err, ErrStopped) {
 		t.Fatalf("Next after Close = %v, want ErrStopped", err)
 	}
-	if _, err := sub(t, m, "", "y", ""); !errors.Is(err, ErrStopped) {
+	if _, err := sub(t, m, "", "y", "test"); !errors.Is(err, ErrStopped) {
 		t.Fatalf("Subscribe after Close = %v, want ErrStopped", err)
 	}
 }

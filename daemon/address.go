@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/informerd/informerd/address"
+	"github.com/informerd/informerd/cache"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
@@ -32,35 +33,42 @@ func newAddresses(opts Options) (*address.Tracker, []access, error) {
 	return t, reads, nil
 }
 
-// WatchAddress implements the WatchAddress RPC: validate, authorize, watch
-// the address, then send each answer that differs from the last one sent,
-// until the client leaves, the answers fail, or the daemon shuts down.
-func (s *Server) WatchAddress(req *informerdv1.WatchAddressRequest, stream informerdv1.InformerService_WatchAddressServer) error {
+// WatchAddress implements the WatchAddress RPC: validate, authorize and
+// hold what the answers read, watch the address, then send each answer
+// that differs from the last one sent, until the client leaves, the
+// answers fail, a re-check revokes the caller's grant, or the daemon shuts
+// down.
+func (s *Server) WatchAddress(req *informerdv1.WatchAddressRequest, stream informerdv1.InformerService_WatchAddressServer) (err error) {
 	areq, holder, err := validateWatchAddress(req)
 	if err != nil {
 		return s.reject(err)
 	}
-	ctx, cancel := s.requestContext(stream.Context())
-	defer cancel()
-	if ctx, err = s.authorize(ctx, s.addressReads...); err != nil {
-		return s.endStream(ctx, err)
+	c, err := s.begin(stream.Context(), holder)
+	if err != nil {
+		return err
+	}
+	defer func() { err = c.end(err) }()
+	for _, a := range s.addressReads {
+		if err := c.hold(a); err != nil && !errors.Is(err, cache.ErrUnknownResource) {
+			return err // a related kind not served is not read: see address.Tracker
+		}
 	}
 	w := s.addresses.Watch(areq)
 	defer w.Close()
-	log := callerOf(ctx).log.With("client", holder, "address", areq.Address.String())
+	log := c.log().With("address", areq.Address.String())
 	log.Debug("address stream started")
 	out := startSender(stream, s.opts.WriteTimeout)
 	defer out.close()
 	for {
-		a, err := w.Next(ctx)
+		a, err := w.Next(c.ctx)
 		if err != nil {
-			return s.endStream(ctx, err)
+			return err
 		}
-		if err := out.send(ctx, answerProto(a, w.LabelKeys())); err != nil {
+		if err := out.send(c.ctx, answerProto(a, w.LabelKeys())); err != nil {
 			if errors.Is(err, errWriteTimeout) {
 				log.Info("client stopped reading: address stream ended", "timeout", s.opts.WriteTimeout)
 			}
-			return s.endStream(ctx, err)
+			return err
 		}
 	}
 }

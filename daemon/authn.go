@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -24,8 +25,9 @@ type caller struct {
 	// user is nil in InsecureLocalOnly mode.
 	user *auth.User
 	// token is the caller's bearer token, checked again when a stream's
-	// decisions expire.
+	// grant expires, and until when its authentication holds.
 	token string
+	until time.Time
 	peer  auth.Peer
 	// log carries the caller and peer, and the stream's id on a stream:
 	// every line a request logs has them.
@@ -96,12 +98,12 @@ func (s *Server) authenticate(ctx context.Context) (context.Context, error) {
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	values := md.Get("authorization")
-	user, _, err := s.opts.Authenticator.Authenticate(ctx, values, p.Key())
+	user, until, err := s.opts.Authenticator.Authenticate(ctx, values, p.Key())
 	if err != nil {
 		return nil, s.reject(err)
 	}
 	token, _ := auth.ParseBearer(values) // Authenticate accepted it
-	return context.WithValue(ctx, callerKey{}, &caller{name: user.Name, user: user, token: token, peer: p, log: s.callerLog(user.Name, p)}), nil
+	return context.WithValue(ctx, callerKey{}, &caller{name: user.Name, user: user, token: token, until: until, peer: p, log: s.callerLog(user.Name, p)}), nil
 }
 
 // callerLog returns the logger of a caller's requests.

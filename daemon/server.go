@@ -10,7 +10,6 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"runtime"
 	"slices"
@@ -23,7 +22,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/informerd/informerd/address"
@@ -243,32 +241,27 @@ func (s *Server) Shutdown() { s.cancelShutdown() }
 
 // Watch implements the Watch RPC: validate, authorize, subscribe, then
 // send batches until the client leaves or stops reading, the Source ends,
-// a re-check denies the caller, or the daemon shuts down.
-func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.InformerService_WatchServer) error {
+// a re-check revokes the caller's grant, or the daemon shuts down.
+func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.InformerService_WatchServer) (err error) {
 	creq, view, err := validateWatch(req, s.opts.Limits.MaxSelectorBytes)
 	if err != nil {
 		return s.reject(err)
 	}
-	ctx, cancel := s.requestContext(stream.Context())
-	defer cancel()
-	c := callerOf(ctx)
-	if ctx, err = s.authorizeRequest(ctx, &creq, req.GetLabelSelector()); err != nil {
-		return s.endStream(ctx, err)
-	}
-	sub, err := s.opts.Cache.Subscribe(ctx, creq)
+	c, err := s.begin(stream.Context(), creq.Holder)
 	if err != nil {
-		return s.endStream(ctx, err)
+		return err
+	}
+	defer func() { err = c.end(err) }()
+	sub, err := c.subscribe(creq, req.GetLabelSelector())
+	if err != nil {
+		return err
 	}
 	defer sub.Close()
-	if sub.Key().GVR.GroupResource() != creq.GVR.GroupResource() { // discovery changed in between
-		return s.endStream(ctx, fmt.Errorf("%w: %s now names %s: retry", cache.ErrNotSynced, creq.GVR.GroupResource(), sub.Key().GVR.GroupResource()))
-	}
-	defer s.holds.add(&hold{caller: c, client: creq.Holder, key: sub.Key()})()
 	apiVersion, kind := sub.TypeMeta()
 	encode := func(e *cache.Event) frame { return encodeEvent(e, view, apiVersion, kind) }
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
-	log := c.log.With("client", creq.Holder, "informer", sub.Key().String())
+	log := c.log().With("informer", sub.Key().String())
 	log.Debug("stream started", "resume", creq.Resume)
 	out := startSender(stream, s.opts.WriteTimeout)
 	defer out.close()
@@ -276,8 +269,8 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 	var pending []*cache.Event // fetched but not yet sent: the tail of a batch cut by size
 	for {
 		if len(pending) == 0 {
-			if pending, err = sub.Next(ctx, s.opts.MaxBatchEvents); err != nil {
-				return s.endStream(ctx, err)
+			if pending, err = sub.Next(c.ctx, s.opts.MaxBatchEvents); err != nil {
+				return err
 			}
 		}
 		// A new slice per batch: gRPC may keep a sent message.
@@ -290,11 +283,11 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 			}
 			batch, size, pending, n = append(batch, f.bufs...), size+f.size, pending[1:], n+1
 		}
-		if err := out.send(ctx, batch); err != nil {
+		if err := out.send(c.ctx, batch); err != nil {
 			if errors.Is(err, errWriteTimeout) {
 				log.Info("client stopped reading: stream ended", "timeout", s.opts.WriteTimeout)
 			}
-			return s.endStream(ctx, err)
+			return err
 		}
 		s.metrics.eventsOut.Add(float64(n))
 		s.metrics.bytesOut.Add(float64(size))
@@ -367,49 +360,6 @@ func (s *sender) close() {
 	}
 }
 
-// requestContext returns the context of a request's work: ended when the
-// client leaves, when cancel is called, or when the daemon shuts down.
-func (s *Server) requestContext(client context.Context) (ctx context.Context, cancel func()) {
-	ctx, cancelCtx := context.WithCancel(client)
-	stop := context.AfterFunc(s.shutdown, cancelCtx)
-	return ctx, func() { stop(); cancelCtx() }
-}
-
-// authorizeRequest resolves the resource creq names to its canonical name
-// (so that what is authorized is what the cache will read), sets creq to
-// it and to the caller as its owner, and authorizes the caller for it;
-// see authorize.
-func (s *Server) authorizeRequest(ctx context.Context, creq *cache.Request, labelSelector string) (context.Context, error) {
-	gvr, namespaced, err := s.opts.Cache.ResolveResource(ctx, *creq)
-	if err != nil {
-		return ctx, err
-	}
-	if !namespaced {
-		creq.Namespace = "" // a cluster-scoped resource has none: ignored, as kubectl does
-	}
-	creq.GVR, creq.Kind, creq.Owner = gvr, "", callerOf(ctx).name
-	return s.authorize(ctx, access{GVR: gvr, Namespace: creq.Namespace, LabelSelector: labelSelector, FieldSelector: creq.FieldSelector})
-}
-
-// endStream maps the error that ended a stream (or a unary request),
-// telling a shutdown apart from the client leaving and from a re-check's
-// verdict, and logs it with the caller (at debug level).
-func (s *Server) endStream(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		if cause := context.Cause(ctx); !errors.Is(cause, ctx.Err()) {
-			err = cause // a re-check's verdict
-		} else if s.shutdown.Err() != nil {
-			err = errShuttingDown
-		}
-	}
-	st := toStatus(err)
-	s.metrics.requestErrors.WithLabelValues(status.Code(st).String()).Inc()
-	if c := callerOf(ctx); c != nil {
-		c.log.Debug("request ended", "code", status.Code(st).String(), "err", status.Convert(st).Message())
-	}
-	return st
-}
-
 // encodeEvent encodes e in view as a WatchResponse `events` field. A
 // BOOKMARK or SYNCED carries an object of the resource's kind with only its
 // resourceVersion, as the API server's bookmarks do. The full view shares
@@ -465,19 +415,22 @@ func encodingOf(k cache.Key) informerdv1.Encoding {
 // Get implements the Get RPC: one object from the store of the informer
 // that serves its resource. The informer lists and watches the resource,
 // so the caller must be allowed to, as for Watch.
-func (s *Server) Get(ctx context.Context, req *informerdv1.GetRequest) (*informerdv1.GetResponse, error) {
+func (s *Server) Get(ctx context.Context, req *informerdv1.GetRequest) (_ *informerdv1.GetResponse, err error) {
 	creq, name, view, err := validateGet(req)
 	if err != nil {
 		return nil, s.reject(err)
 	}
-	ctx, cancel := s.requestContext(ctx)
-	defer cancel()
-	if ctx, err = s.authorizeRequest(ctx, &creq, ""); err != nil {
-		return nil, s.endStream(ctx, err)
-	}
-	o, err := s.opts.Cache.Get(ctx, creq, name)
+	c, err := s.begin(ctx, creq.Holder)
 	if err != nil {
-		return nil, s.endStream(ctx, err)
+		return nil, err
+	}
+	defer func() { err = c.end(err) }()
+	if err := c.resolve(&creq, ""); err != nil {
+		return nil, err
+	}
+	o, err := s.opts.Cache.Get(c.ctx, creq, name)
+	if err != nil {
+		return nil, err
 	}
 	data, err := view.Project(o)
 	if err != nil {

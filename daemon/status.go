@@ -13,76 +13,58 @@ import (
 	statusengine "github.com/informerd/informerd/status"
 )
 
-// WatchStatus implements the WatchStatus RPC: validate, authenticate,
-// watch the objects' status, authorize each resource the watch reads as
+// WatchStatus implements the WatchStatus RPC: validate, watch the
+// objects' status, authorize and hold each resource the watch reads as
 // soon as it is known (a CRD may be established later), then send batches
-// until the client leaves, authorization is revoked, the watch fails, or
-// the daemon shuts down.
-func (s *Server) WatchStatus(req *informerdv1.WatchStatusRequest, stream informerdv1.InformerService_WatchStatusServer) error {
+// until the client leaves, a re-check revokes the caller's grant, the
+// watch fails, or the daemon shuts down.
+func (s *Server) WatchStatus(req *informerdv1.WatchStatusRequest, stream informerdv1.InformerService_WatchStatusServer) (err error) {
 	sreq, err := validateWatchStatus(req)
 	if err != nil {
-		s.metrics.requestErrors.WithLabelValues(codes.InvalidArgument.String()).Inc()
-		return err
+		return s.reject(err)
 	}
 	if s.opts.Status == nil {
-		return status.Error(codes.Unimplemented, "this informerd computes no status (daemon.Options.Status is not set)")
+		return s.reject(status.Error(codes.Unimplemented, "this informerd computes no status (daemon.Options.Status is not set)"))
 	}
-	ctx, cancel := context.WithCancelCause(stream.Context())
-	defer cancel(nil)
-	defer context.AfterFunc(s.shutdown, func() { cancel(errShuttingDown) })()
-	// The caller must be known before anything is started on its behalf;
-	// each resource is authorized when the watch reports it.
-	if _, err := s.authorize(ctx); err != nil {
-		return s.endStream(ctx, err)
-	}
-	w, err := s.opts.Status.Watch(ctx, sreq)
+	c, err := s.begin(stream.Context(), sreq.Holder)
 	if err != nil {
-		return s.endStream(ctx, err)
+		return err
+	}
+	defer func() { err = c.end(err) }()
+	w, err := s.opts.Status.Watch(c.ctx, sreq)
+	if err != nil {
+		return err
 	}
 	defer w.Close()
 	s.metrics.statusStreams.Inc()
 	defer s.metrics.statusStreams.Dec()
-	log := callerOf(ctx).log.With("client", sreq.Holder)
+	log := c.log()
 	log.Debug("status stream started", "objects", len(sreq.IDs))
 	out := startSender(stream, s.opts.WriteTimeout)
 	defer out.close()
 
 	for {
-		b, err := w.Next(ctx)
+		b, err := w.Next(c.ctx)
 		if err != nil {
-			return s.endStream(ctx, causeOf(ctx, err))
+			return err
+		}
+		for _, a := range b.Access {
+			if err := c.hold(access{GVR: a.GVR, Namespace: a.Namespace}); err != nil {
+				return err
+			}
 		}
 		if len(b.Access) > 0 {
-			if err := s.authorizeStatus(ctx, cancel, b.Access); err != nil {
-				return s.endStream(ctx, err)
-			}
-			if err := w.Grant(ctx, b.Access); err != nil {
-				return s.endStream(ctx, causeOf(ctx, err))
+			if err := w.Grant(c.ctx, b.Access); err != nil {
+				return err
 			}
 		}
-		if err := s.sendStatuses(ctx, out, b); err != nil {
+		if err := s.sendStatuses(c.ctx, out, b); err != nil {
 			if errors.Is(err, errWriteTimeout) {
 				log.Info("client stopped reading: status stream ended", "timeout", s.opts.WriteTimeout)
 			}
-			return s.endStream(ctx, err)
+			return err
 		}
 	}
-}
-
-// authorizeStatus authorizes a status stream's resources; a later denial
-// ends the stream through cancel, with the denial as the cause.
-func (s *Server) authorizeStatus(ctx context.Context, cancel context.CancelCauseFunc, as []statusengine.Access) error {
-	accesses := make([]access, len(as))
-	for i, a := range as {
-		accesses[i] = access{GVR: a.GVR, Namespace: a.Namespace}
-	}
-	actx, err := s.authorize(ctx, accesses...)
-	if err != nil {
-		return err
-	}
-	// Lives until ctx ends (actx is derived from it).
-	context.AfterFunc(actx, func() { cancel(context.Cause(actx)) })
-	return nil
 }
 
 // sendStatuses sends b's statuses, then SYNCED, in responses of at most
@@ -104,15 +86,6 @@ func (s *Server) sendStatuses(ctx context.Context, out *sender, b statusengine.B
 		evs = evs[n:]
 	}
 	return nil
-}
-
-// causeOf returns why ctx ended, if it did, else err: a shutdown or a
-// revoked authorization rather than "context canceled".
-func causeOf(ctx context.Context, err error) error {
-	if c := context.Cause(ctx); c != nil {
-		return c
-	}
-	return err
 }
 
 func toProtoStatus(rs *event.ResourceStatus) *informerdv1.ResourceStatus {

@@ -22,7 +22,9 @@ import (
 // source is where the Engine's feeds come from: a cache.Manager, or a fake
 // in unit tests.
 type source interface {
-	Resolve(ctx context.Context, req cache.Request) (cache.Key, error)
+	// ResolveResource returns the resource req names and whether it is
+	// namespaced, as cache.Manager.ResolveResource.
+	ResolveResource(ctx context.Context, req cache.Request) (schema.GroupVersionResource, bool, error)
 	Subscribe(ctx context.Context, req cache.Request) (subscription, error)
 }
 
@@ -36,8 +38,8 @@ type subscription interface {
 
 type managerSource struct{ m *cache.Manager }
 
-func (s managerSource) Resolve(ctx context.Context, req cache.Request) (cache.Key, error) {
-	return s.m.Resolve(ctx, req)
+func (s managerSource) ResolveResource(ctx context.Context, req cache.Request) (schema.GroupVersionResource, bool, error) {
+	return s.m.ResolveResource(ctx, req)
 }
 
 func (s managerSource) Subscribe(ctx context.Context, req cache.Request) (subscription, error) {

@@ -489,6 +489,40 @@ func TestScopeStrategy(t *testing.T) {
 	}
 }
 
+// TestClusterScopedKindInANamespaceIsNotFound: an object of a
+// cluster-scoped kind named in a namespace does not exist (the API server
+// answers 404 for its path): it is NotFound, and nothing is authorized or
+// read for it, so a Role of that namespace cannot start a cluster-wide
+// informer through it. The same kind named without a namespace is read
+// cluster-wide.
+func TestClusterScopedKindInANamespaceIsNotFound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := newFakeSource()
+		nodeGK := schema.GroupKind{Kind: "Node"}
+		src.serve(nodeGK, "nodes")
+		src.cluster = map[schema.GroupKind]bool{nodeGK: true}
+		src.put(t, obj("v1", "Node", "", "n1", nil))
+		e := start(t, src)
+		w := watch(t, e, watcher.RESTScopeNamespace, id(nodeGK, "mine", "n1"))
+		b := poll(t, w)
+		if len(b.Access) != 0 || src.subscriptions(nodeGK) != 0 {
+			t.Fatalf("Access %v and %d informers for a Node named in a namespace", b.Access, src.subscriptions(nodeGK))
+		}
+		expectStatuses(t, b, "Node/n1=NotFound")
+		if !b.Synced {
+			t.Fatal("not Synced")
+		}
+
+		w = watch(t, e, watcher.RESTScopeNamespace, id(nodeGK, "", "n1"))
+		b = poll(t, w)
+		if want := []Access{{GVR: schema.GroupVersionResource{Version: "v1", Resource: "nodes"}}}; !slices.Equal(b.Access, want) {
+			t.Fatalf("Access %v, want %v", b.Access, want)
+		}
+		grant(t, w, b)
+		expectStatuses(t, poll(t, w), "Node/n1=Current")
+	})
+}
+
 // TestCloseEndsWatches: closing the Engine ends every Watch with
 // ErrStopped and stops every feed.
 func TestCloseEndsWatches(t *testing.T) {

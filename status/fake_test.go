@@ -21,6 +21,7 @@ import (
 type fakeSource struct {
 	mu      sync.Mutex // guards the fields below
 	served  map[schema.GroupKind]schema.GroupVersionResource
+	cluster map[schema.GroupKind]bool // cluster-scoped kinds
 	denied  map[schema.GroupKind]error
 	objects map[schema.GroupKind]map[string]*cache.Object // by namespace/name
 	subs    map[*fakeSub]struct{}
@@ -133,22 +134,23 @@ func requestGK(req cache.Request) schema.GroupKind {
 	return schema.GroupKind{Group: req.GVR.Group, Kind: req.Kind}
 }
 
-func (s *fakeSource) Resolve(ctx context.Context, req cache.Request) (cache.Key, error) {
+func (s *fakeSource) ResolveResource(ctx context.Context, req cache.Request) (schema.GroupVersionResource, bool, error) {
 	gk := requestGK(req)
 	for {
 		s.mu.Lock()
 		gvr, ok := s.served[gk]
+		namespaced := !s.cluster[gk]
 		ch := s.changed
 		s.mu.Unlock()
 		switch {
 		case ok:
-			return cache.Key{GVR: gvr, Namespace: req.Namespace}, nil
+			return gvr, namespaced, nil
 		case !req.WaitForResource:
-			return cache.Key{}, fmt.Errorf("%w: kind %s", cache.ErrUnknownResource, gk)
+			return schema.GroupVersionResource{}, false, fmt.Errorf("%w: kind %s", cache.ErrUnknownResource, gk)
 		}
 		select {
 		case <-ctx.Done():
-			return cache.Key{}, ctx.Err()
+			return schema.GroupVersionResource{}, false, ctx.Err()
 		case <-ch:
 		}
 	}

@@ -126,18 +126,18 @@ func (e *Engine) runFeed(ctx context.Context, f *feed, granted <-chan struct{}) 
 			return false
 		}
 	}
-	req := cache.Request{GVR: schema.GroupVersionResource{Group: f.key.gk.Group}, Kind: f.key.gk.Kind, Namespace: f.key.namespace, Holder: holder}
+	req := cache.Request{GVR: schema.GroupVersionResource{Group: f.key.gk.Group}, Kind: f.key.gk.Kind, Namespace: f.key.namespace, Holder: holder, Owner: cache.OwnerInternal}
 	retry := backoff.Backoff{Initial: time.Second, Max: 30 * time.Second}
 	pause := func() bool { return retry.Wait(ctx) == nil }
 	for ctx.Err() == nil {
-		key, err := e.src.Resolve(ctx, req)
+		gvr, namespaced, err := e.src.ResolveResource(ctx, req)
 		if errors.Is(err, cache.ErrUnknownResource) {
 			if !send(feedMsg{kind: msgAbsent}) {
 				return
 			}
 			wait := req
 			wait.WaitForResource = true
-			key, err = e.src.Resolve(ctx, wait)
+			gvr, namespaced, err = e.src.ResolveResource(ctx, wait)
 		}
 		if err != nil {
 			if ctx.Err() != nil || !send(feedMsg{kind: msgFailed, err: err}) || !pause() {
@@ -145,7 +145,16 @@ func (e *Engine) runFeed(ctx context.Context, f *feed, granted <-chan struct{}) 
 			}
 			continue
 		}
-		if !send(feedMsg{kind: msgResolved, gvr: key.GVR}) {
+		if !namespaced && f.key.namespace != "" {
+			// An object of a cluster-scoped kind named in a namespace does
+			// not exist, as the API server answers 404 for its path:
+			// NotFound, with nothing read or authorized for it.
+			if send(feedMsg{kind: msgAbsent}) {
+				<-ctx.Done()
+			}
+			return
+		}
+		if !send(feedMsg{kind: msgResolved, gvr: gvr}) {
 			return
 		}
 		select {
