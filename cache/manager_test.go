@@ -5,8 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
-	"sync/atomic"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
