@@ -57,8 +57,10 @@ type fakeAPIServer struct {
 	feed                  chan []byte // watch event lines
 	lists, watches        atomic.Int32
 	tokenReviews, reviews atomic.Int32
-	// deny and fail make SubjectAccessReviews deny, or fail with 500.
+	// deny and fail make SubjectAccessReviews deny, or fail with 500;
+	// denyName makes them deny the ServiceAccount of that name only.
 	deny, fail atomic.Bool
+	denyName   atomic.Value // string
 }
 
 func newFakeAPIServer(t testing.TB) *fakeAPIServer {
@@ -127,7 +129,8 @@ func newFakeAPIServer(t testing.TB) *fakeAPIServer {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		sar.Status = authorizationv1.SubjectAccessReviewStatus{Allowed: !f.deny.Load()}
+		name, _ := f.denyName.Load().(string)
+		sar.Status = authorizationv1.SubjectAccessReviewStatus{Allowed: !f.deny.Load() && (name == "" || sar.Spec.User != "system:serviceaccount:bench:"+name)}
 		writeJSON(w, &sar)
 	})
 	f.Server = httptest.NewServer(mux)
