@@ -120,7 +120,7 @@ func (c *call) resolve(req *cache.Request, labelSelector string) error {
 	}
 	if !namespaced && req.Namespace != "" {
 		return fmt.Errorf("%w: %s is cluster-scoped: it has no namespace %s (the API server answers 404 Not Found for it); leave the namespace empty",
-			cache.ErrUnknownResource, gvr.GroupResource(), quote(req.Namespace))
+			errClusterScoped, gvr.GroupResource(), quote(req.Namespace))
 	}
 	req.GVR, req.Kind, req.Owner, req.Holder = gvr, "", c.caller.name, c.holder
 	return c.authorize(access{GVR: gvr, Namespace: req.Namespace, LabelSelector: labelSelector, FieldSelector: req.FieldSelector})

@@ -25,6 +25,9 @@ var (
 	// errSensitive: the resource is sensitive and the operator has not
 	// opted in to serving it.
 	errSensitive = errors.New("sensitive resource")
+	// errClusterScoped: a request names a namespace of a cluster-scoped
+	// resource.
+	errClusterScoped = errors.New("not found")
 )
 
 // toStatus maps an error to the gRPC status a client sees. It is the only
@@ -39,7 +42,8 @@ func toStatus(err error) error {
 		code = codes.Unauthenticated
 	case errors.Is(err, auth.ErrDenied), errors.Is(err, errSensitive):
 		code = codes.PermissionDenied
-	case errors.Is(err, cache.ErrUnknownResource), errors.Is(err, cache.ErrResourceRemoved), errors.Is(err, cache.ErrObjectNotFound):
+	case errors.Is(err, cache.ErrUnknownResource), errors.Is(err, cache.ErrResourceRemoved), errors.Is(err, cache.ErrObjectNotFound),
+		errors.Is(err, errClusterScoped):
 		code = codes.NotFound
 	case errors.Is(err, cache.ErrRejected):
 		code = codes.InvalidArgument
@@ -57,9 +61,17 @@ func toStatus(err error) error {
 		code = codes.DeadlineExceeded
 	}
 	st := status.New(code, err.Error())
-	if errors.Is(err, cache.ErrObjectNotFound) {
-		// Tells "no such object" from "no such resource".
-		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Domain: informerdv1.ErrorDomain, Reason: informerdv1.ReasonObjectNotFound}); derr == nil {
+	// Tells "no such object" and "no such namespace of this resource" from
+	// "no such resource".
+	reason := ""
+	switch {
+	case errors.Is(err, cache.ErrObjectNotFound):
+		reason = informerdv1.ReasonObjectNotFound
+	case errors.Is(err, errClusterScoped):
+		reason = informerdv1.ReasonClusterScoped
+	}
+	if reason != "" {
+		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Domain: informerdv1.ErrorDomain, Reason: reason}); derr == nil {
 			st = d
 		}
 	}

@@ -57,9 +57,12 @@ func hint(st *status.Status, address string) string {
 
 // objectNotFound reports whether st says that an object does not exist
 // (rather than its resource).
-func objectNotFound(st *status.Status) bool {
+func objectNotFound(st *status.Status) bool { return hasReason(st, informerdv1.ReasonObjectNotFound) }
+
+// hasReason reports whether st carries the daemon's ErrorInfo reason.
+func hasReason(st *status.Status, reason string) bool {
 	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == informerdv1.ErrorDomain && info.GetReason() == informerdv1.ReasonObjectNotFound {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == informerdv1.ErrorDomain && info.GetReason() == reason {
 			return true
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -103,7 +104,7 @@ func getCmd(ctx context.Context, e *env, o *objectFlags, args []string) error {
 		return err
 	}
 	defer c.Close()
-	wo := o.options(gvr)
+	wo := scoped(ctx, c, o.options(gvr))
 	var objs []*unstructured.Unstructured
 	var errs []error
 	if len(names) == 0 {
@@ -171,6 +172,22 @@ func list(ctx context.Context, c *client.Client, wo client.WatchOptions) ([]*uns
 			}
 		}
 	}
+}
+
+// scoped drops wo's namespace if its resource is cluster-scoped, as
+// kubectl ignores -n for one: the daemon, like the API server, refuses a
+// namespace of a cluster-scoped resource. It asks with a Get of a name no
+// object has.
+// Any other answer is the list's or watch's to give.
+func scoped(ctx context.Context, c *client.Client, wo client.WatchOptions) client.WatchOptions {
+	if wo.Namespace == "" {
+		return wo
+	}
+	_, err := get(ctx, c, wo, "informerctl-scope-probe")
+	if st, ok := status.FromError(err); ok && hasReason(st, informerdv1.ReasonClusterScoped) {
+		wo.Namespace = ""
+	}
+	return wo
 }
 
 // get returns one object, from the daemon's Get.
@@ -264,8 +281,9 @@ func watchCmd(ctx context.Context, e *env, o *objectFlags, args []string) error 
 	defer c.Close()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	wo := scoped(ctx, c, o.options(gvr))
 	p := newWatchPrinter(e.stdout, o.output, o.all, time.Now)
-	w := client.NewWatcher(c, o.options(gvr), p, client.WatcherOptions{OnError: func(err error) {
+	w := client.NewWatcher(c, wo, p, client.WatcherOptions{OnError: func(err error) {
 		if !p.synced { // nothing shown yet: say why and stop
 			cancel(err)
 			return

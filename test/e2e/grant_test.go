@@ -3,15 +3,18 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/informerd/informerd/cache"
@@ -148,5 +151,103 @@ func TestRevokedCallerSpendingItsBudgetIsStillEnded(t *testing.T) {
 	}
 	if took > ttl+time.Second {
 		t.Fatalf("the stream outlived its revocation by %s, more than the allow TTL %s (+1s)", took, ttl)
+	}
+}
+
+// statusStream opens a WatchStatus stream of refs and returns its events
+// up to SYNCED, or the error that ended it first.
+func statusStream(ctx context.Context, c *client.Client, refs ...*informerdv1.ObjectReference) ([]*informerdv1.StatusEvent, error) {
+	s, err := c.API().WatchStatus(ctx, &informerdv1.WatchStatusRequest{Objects: refs, ClientName: "limited"})
+	if err != nil {
+		return nil, err
+	}
+	var evs []*informerdv1.StatusEvent
+	for {
+		resp, err := s.Recv()
+		if err != nil {
+			return evs, err
+		}
+		for _, ev := range resp.GetEvents() {
+			if ev.GetType() == informerdv1.StatusEventType_STATUS_EVENT_TYPE_SYNCED {
+				return evs, nil
+			}
+			evs = append(evs, ev)
+		}
+	}
+}
+
+// TestStatusStreamsCountAgainstTheInformerLimit: the informers a status
+// stream reads are held for its caller, so -max-informers-per-caller
+// counts them (they used to be held by no one), and ListInformers shows
+// them as the caller's.
+func TestStatusStreamsCountAgainstTheInformerLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := createNamespace(ctx, t, "status-limit")
+	d := startDaemon(t, cache.Options{MaxSourcesPerOwner: 1, Scope: cache.ScopeCluster})
+	c := d.dial(t, readsAll)
+	cm := &informerdv1.ObjectReference{Kind: "ConfigMap", Namespace: ns, Name: "a"}
+	svc := &informerdv1.ObjectReference{Kind: "Service", Namespace: ns, Name: "b"}
+	if _, err := statusStream(ctx, c, cm, svc); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a status stream of two kinds with one informer per caller: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	if _, err := statusStream(sctx, c, cm); err != nil {
+		t.Fatalf("a status stream of one kind: %v", err)
+	}
+	resp, err := c.API().ListInformers(ctx, &informerdv1.ListInformersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var holders []string
+	for _, in := range resp.GetInformers() {
+		if in.GetResource().GetResource() == "configmaps" {
+			holders = in.GetHolders()
+		}
+	}
+	if !slices.Contains(holders, "limited") {
+		t.Fatalf("the status stream's informer of configmaps is held by %q, want the stream's client %q among them", holders, "limited")
+	}
+}
+
+// TestNamespaceOfAClusterScopedResourceIsRefused: a request that names a
+// namespace of a cluster-scoped resource is refused as the API server
+// refuses its path (NOT_FOUND, with the CLUSTER_SCOPED reason) in Watch
+// and Get, and in WatchStatus such an object is NotFound: a Role of that
+// namespace granting every resource starts no cluster-wide informer.
+func TestNamespaceOfAClusterScopedResourceIsRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := createNamespace(ctx, t, "mine")
+	d := startDaemon(t, cache.Options{})
+	c := d.dial(t, reads(schema.GroupVersionResource{Group: "*", Resource: "*"}, ns))
+	nodes := schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+	watches := upstreamWatches(ctx, t, nodes)
+	clusterScoped := func(what string, err error) {
+		t.Helper()
+		st, _ := status.FromError(err)
+		for _, detail := range st.Details() {
+			if info, ok := detail.(*errdetails.ErrorInfo); ok && info.GetReason() == informerdv1.ReasonClusterScoped {
+				t.Logf("%s: %v", what, err)
+				return
+			}
+		}
+		t.Fatalf("%s: %v, want NOT_FOUND with the reason %s", what, err, informerdv1.ReasonClusterScoped)
+	}
+	s, err := c.Stream(ctx, client.WatchOptions{Resource: nodes, Namespace: ns}, "")
+	if err == nil {
+		_, err = s.Recv()
+		s.Close()
+	}
+	clusterScoped("Watch of nodes in a namespace", err)
+	_, err = c.API().Get(ctx, &informerdv1.GetRequest{Resource: &informerdv1.GroupVersionResource{Version: "v1", Resource: "nodes"}, Namespace: ns, Name: controlplane.FakeNodeName})
+	clusterScoped("Get of a node in a namespace", err)
+	evs, err := statusStream(ctx, c, &informerdv1.ObjectReference{Kind: "Node", Namespace: ns, Name: controlplane.FakeNodeName})
+	if err != nil || len(evs) != 1 || evs[0].GetStatus().GetStatus() != informerdv1.Status_STATUS_NOT_FOUND {
+		t.Fatalf("status of a Node named in a namespace: %v, %v; want NotFound", evs, err)
+	}
+	if got := upstreamWatches(ctx, t, nodes); got != watches {
+		t.Fatalf("upstream watches of nodes went from %d to %d: an informer was started for a namespace's Role", watches, got)
 	}
 }

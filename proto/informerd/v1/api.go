@@ -20,3 +20,9 @@ const ErrorDomain = "informerd.io"
 // ReasonObjectNotFound is the ErrorInfo reason of a NOT_FOUND that is
 // about the object named, not its resource (Get).
 const ReasonObjectNotFound = "OBJECT_NOT_FOUND"
+
+// ReasonClusterScoped is the ErrorInfo reason of a NOT_FOUND for a
+// request that names a namespace of a cluster-scoped resource: the API
+// server has no such path. A client that treats the namespace as a
+// default (kubectl's -n) retries without it.
+const ReasonClusterScoped = "CLUSTER_SCOPED"
