@@ -15,6 +15,8 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
+
+	"github.com/informerd/informerd/internal/quote"
 )
 
 // Keys of the user.extra the API server sets for a token bound to a pod.
@@ -229,7 +231,7 @@ func (a *Authenticator) explain(c claims, reviewErr string, now time.Time) strin
 	case c.K8s != nil && c.K8s.Pod != nil && mentions(reviewErr, "pod", "not found", "deleted", "does not match"):
 		return fmt.Sprintf("the pod %s/%s the token is bound to has been deleted (or replaced)", c.K8s.Namespace, c.K8s.Pod.Name)
 	}
-	return "the API server rejected the token: " + truncate(reviewErr, 200)
+	return "the API server rejected the token: " + quote.Message(reviewErr)
 }
 
 // mentions reports whether s mentions what and any of reasons, ignoring case.
@@ -244,13 +246,6 @@ func mentions(s, what string, reasons ...string) bool {
 		}
 	}
 	return false
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
 }
 
 func userOf(u authenticationv1.UserInfo) *User {
