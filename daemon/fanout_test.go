@@ -49,8 +49,8 @@ func TestMain(m *testing.M) {
 // (configmaps) to drive a real cache.Manager: discovery, an empty LIST, and
 // a watch that writes whatever the benchmark feeds it; and TokenReviews
 // (any token is the ServiceAccount bench/<its "sub" claim>) and
-// SubjectAccessReviews (everything is allowed) for the daemon's
-// authentication. It stands in for the API server only where the API
+// SubjectAccessReviews (everything is allowed unless a field below denies
+// it) for the daemon's authentication. It stands in for the API server only where the API
 // server is not what is measured.
 type fakeAPIServer struct {
 	*httptest.Server
@@ -59,6 +59,9 @@ type fakeAPIServer struct {
 	tokenReviews, reviews atomic.Int32
 	// deny and fail make SubjectAccessReviews deny, or fail with 500.
 	deny, fail atomic.Bool
+	// denyNonResource holds the users (keys) whose SubjectAccessReviews
+	// of non-resource URLs (such as /informerd/informers) are denied.
+	denyNonResource sync.Map
 }
 
 func newFakeAPIServer(t testing.TB) *fakeAPIServer {
@@ -127,7 +130,9 @@ func newFakeAPIServer(t testing.TB) *fakeAPIServer {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		sar.Status = authorizationv1.SubjectAccessReviewStatus{Allowed: !f.deny.Load()}
+		_, deniedPath := f.denyNonResource.Load(sar.Spec.User)
+		deniedPath = deniedPath && sar.Spec.NonResourceAttributes != nil
+		sar.Status = authorizationv1.SubjectAccessReviewStatus{Allowed: !f.deny.Load() && !deniedPath}
 		writeJSON(w, &sar)
 	})
 	f.Server = httptest.NewServer(mux)
@@ -186,22 +191,17 @@ type serverConfig struct {
 	authn auth.AuthenticatorOptions
 	authz auth.AuthorizerOptions
 	tcp   bool // serve on a loopback TCP port as well
+	// maxObjectBytes is the cache's MaxObjectBytes.
+	maxObjectBytes int
 }
 
 // serve starts a daemon with sec over the fake API server, with limits
 // that admit a benchmark's thousand subscribers from one uid, unless tune
 // changes them.
 func serve(t testing.TB, api *fakeAPIServer, sec security, tune ...func(*serverConfig)) *testServer {
-	mgr, err := cache.NewManager(cache.Options{
-		Config: &rest.Config{Host: api.URL, QPS: -1}, Scope: cache.ScopeCluster, DisableWatchList: true,
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := serverConfig{
 		opts: daemon.Options{
-			Cache: mgr, Logger: slog.New(slog.DiscardHandler), InsecureLocalOnly: sec == authOff,
+			Logger: slog.New(slog.DiscardHandler), InsecureLocalOnly: sec == authOff,
 			// Without authentication every subscriber is one caller (its uid).
 			Limits: daemon.Limits{MaxConnections: 4096, MaxConnectionsPerPeer: 4096, MaxStreamsPerCaller: 4096},
 		},
@@ -210,6 +210,14 @@ func serve(t testing.TB, api *fakeAPIServer, sec security, tune ...func(*serverC
 	for _, f := range tune {
 		f(&cfg)
 	}
+	mgr, err := cache.NewManager(cache.Options{
+		Config: &rest.Config{Host: api.URL, QPS: -1}, Scope: cache.ScopeCluster, DisableWatchList: true,
+		MaxObjectBytes: cfg.maxObjectBytes, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.opts.Cache = mgr
 	opts := cfg.opts
 	if sec == authOn {
 		// JSON: the fake API server speaks no protobuf.
