@@ -14,6 +14,23 @@ import (
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
+// TestLabelSelectorSpellingsShareOneReview: spellings of one label
+// selector are one access: after the first, the others cost no
+// SubjectAccessReview.
+func TestLabelSelectorSpellingsShareOneReview(t *testing.T) {
+	api := newFakeAPIServer(t)
+	srv := serve(t, api, authOn)
+	c := srv.dial(t, "speller")
+	for _, sel := range []string{"a=b,c!=d", "a = b , c != d", "c!=d,a=b"} {
+		if err := firstResponse(c, client.WatchOptions{Resource: configMaps, LabelSelector: sel, ClientName: "speller"}); err != nil {
+			t.Fatalf("label selector %q: %v", sel, err)
+		}
+	}
+	if n := api.reviews.Load(); n != 2 {
+		t.Fatalf("three spellings of one label selector cost %d SubjectAccessReviews, want 2 (list and watch, once)", n)
+	}
+}
+
 // TestRestrictedIntrospectionCarriesNothingOfOthers: a caller without the
 // introspection grant, served by a cluster-wide informer that another
 // caller shares, sees of it only what it asked for, its state and its own

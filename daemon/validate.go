@@ -112,6 +112,12 @@ func holderName(name string) (string, error) {
 // INVALID_ARGUMENT status naming the field and what is wrong with it, or an
 // error wrapping errLimit for a selector longer than maxSelector bytes.
 // Messages quote at most a short prefix of what the client sent.
+//
+// It rewrites req's selectors to their canonical spellings (the
+// apimachinery parsers' String), so that everything after validation (the
+// accesses authorized and the caches of their decisions, the cache's
+// filter and informer key) sees one spelling: "a = b" and "a=b" are one
+// access and cost one review.
 func validateWatch(req *informerdv1.WatchRequest, maxSelector int) (cache.Request, cache.View, error) {
 	for _, f := range []struct{ name, value string }{{"label_selector", req.GetLabelSelector()}, {"field_selector", req.GetFieldSelector()}} {
 		if len(f.value) > maxSelector {
@@ -133,6 +139,7 @@ func validateWatch(req *informerdv1.WatchRequest, maxSelector int) (cache.Reques
 	if err != nil {
 		return invalid("field_selector %s: %s", quote.String(req.GetFieldSelector()), quote.Message(err.Error(), req.GetFieldSelector()))
 	}
+	req.LabelSelector, req.FieldSelector = sel.String(), fieldSel.String()
 	if err := validateResourceVersion("resume_resource_version", req.GetResumeResourceVersion()); err != nil {
 		return cache.Request{}, 0, err
 	}
@@ -152,7 +159,7 @@ func validateWatch(req *informerdv1.WatchRequest, maxSelector int) (cache.Reques
 		Kind:            kind,
 		Namespace:       req.GetNamespace(),
 		Filter:          cache.Filter{Labels: sel},
-		FieldSelector:   fieldSel.String(),
+		FieldSelector:   req.GetFieldSelector(),
 		Resume:          req.GetResumeResourceVersion(),
 		NotOlderThan:    req.GetNotOlderThanResourceVersion(),
 		WaitForResource: req.GetWaitForResource(),
