@@ -27,6 +27,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -47,7 +49,9 @@ func TestMain(m *testing.M) {
 
 // fakeAPIServer serves just enough of the Kubernetes API for one resource
 // (configmaps) to drive a real cache.Manager: discovery, an empty LIST, and
-// a watch that writes whatever the benchmark feeds it; and TokenReviews
+// a watch that writes whatever the benchmark feeds it (a field selector on
+// another field than the name or namespace is rejected with the API
+// server's 400); and TokenReviews
 // (any token is the ServiceAccount bench/<its "sub" claim>) and
 // SubjectAccessReviews (everything is allowed unless a field below denies
 // it) for the daemon's authentication. It stands in for the API server only where the API
@@ -80,6 +84,12 @@ func newFakeAPIServer(t testing.TB) *fakeAPIServer {
 		`{"name":"secrets","singularName":"secret","namespaced":true,"kind":"Secret","verbs":["list","watch"]}]}`))
 	mux.HandleFunc("/api/v1/configmaps", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
+		if msg := unsupportedField(r.URL.Query().Get("fieldSelector")); msg != "" {
+			w.WriteHeader(http.StatusBadRequest)
+			writeJSON(w, &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+				Status: metav1.StatusFailure, Message: msg, Reason: metav1.StatusReasonBadRequest, Code: http.StatusBadRequest})
+			return
+		}
 		if r.URL.Query().Get("watch") != "true" {
 			f.lists.Add(1)
 			io.WriteString(w, `{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}`)
@@ -138,6 +148,23 @@ func newFakeAPIServer(t testing.TB) *fakeAPIServer {
 	f.Server = httptest.NewServer(mux)
 	t.Cleanup(f.Close)
 	return f
+}
+
+// unsupportedField returns the kube-apiserver's message for a field
+// selector on configmaps that names a field other than metadata.name and
+// metadata.namespace (apimachinery's DefaultMetaV1FieldSelectorConversion),
+// or "".
+func unsupportedField(selector string) string {
+	sel, err := fields.ParseSelector(selector)
+	if err != nil {
+		return "invalid field selector: " + err.Error()
+	}
+	for _, r := range sel.Requirements() {
+		if r.Field != "metadata.name" && r.Field != "metadata.namespace" {
+			return fmt.Sprintf("%q is not a known field selector: only %q, %q", r.Field, "metadata.name", "metadata.namespace")
+		}
+	}
+	return ""
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

@@ -7,12 +7,34 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/informerd/informerd/client"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
+
+// TestRejectedFieldSelectorIsQuotedShort: a 2,000-byte field selector that
+// the API server rejects (400, its message quoting the field) is refused
+// with INVALID_ARGUMENT that keeps the API server's words and quotes at
+// most 64 bytes of the selector in one place.
+func TestRejectedFieldSelectorIsQuotedShort(t *testing.T) {
+	api := newFakeAPIServer(t)
+	srv := serve(t, api, authOn)
+	selector := "spec." + strings.Repeat("x", 2000-len("spec.")-len("=v")) + "=v"
+	err := firstResponse(srv.dial(t, "rejected"), client.WatchOptions{Resource: configMaps, FieldSelector: selector, ClientName: "rejected"})
+	msg := status.Convert(err).Message()
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(msg, `is not a known field selector: only "metadata.name"`) {
+		t.Fatalf("a field selector the API server rejects: %v; want INVALID_ARGUMENT with the API server's words", err)
+	}
+	for i := 0; i+64 < len(selector); i++ {
+		if strings.Contains(msg, selector[i:i+65]) {
+			t.Fatalf("the message (%d bytes) quotes 65 bytes of the selector, from byte %d: %.300s", len(msg), i, msg)
+		}
+	}
+}
 
 // TestLabelSelectorSpellingsShareOneReview: spellings of one label
 // selector are one access: after the first, the others cost no
