@@ -15,6 +15,8 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
+
+	"github.com/informerd/informerd/internal/quote"
 )
 
 // Keys of the user.extra the API server sets for a token bound to a pod.
@@ -296,42 +298,51 @@ func (a *Authenticator) review(token string, c claims) tokenEntry {
 	return tokenEntry{user: u, expires: expires}
 }
 
-// explain says why the API server rejected a token, from its unverified
-// claims and the review's error.
+// explain says why the API server rejected a token, in words a person can
+// act on, from the token's unverified claims and the review's error. The
+// kube-apiserver (v1.37, pkg/serviceaccount/claims.go) checks the
+// ServiceAccount first, then the object the token is bound to, and says
+// (after "[invalid bearer token, ", its loopback authenticator's):
+//
+//   - serviceaccounts "<name>" not found: the ServiceAccount was deleted;
+//   - service account <ns>/<name> has been deleted: its deletion is pending;
+//   - service account UID (<uid>) does not match claim (<uid>): it was
+//     deleted and another of its name created;
+//   - service account token has been invalidated: the pod (node, Secret)
+//     it is bound to was deleted, or its deletion is pending;
+//   - pod UID (<uid>) does not match service account pod ref claim
+//     (<uid>): the pod was deleted and another of its name created (node
+//     UID ... node ref claim, for a node).
 func (a *Authenticator) explain(c claims, reviewErr string, now time.Time) string {
 	sa := c.serviceAccount()
+	var pod, node string
+	if k := c.K8s; k != nil && k.Pod != nil {
+		pod = k.Namespace + "/" + k.Pod.Name
+	}
+	if k := c.K8s; k != nil && k.Node != nil {
+		node = k.Node.Name
+	}
+	says := func(s string) bool { return strings.Contains(reviewErr, s) }
+	invalidated := says("service account token has been invalidated")
 	switch {
 	case !c.expiry().IsZero() && !now.Before(c.expiry()):
 		return fmt.Sprintf("the token expired at %s: read the token file again (the kubelet rotates projected tokens)", c.expiry().UTC().Format(time.RFC3339))
 	case !slices.Contains(c.Audience, a.opts.Audience):
 		return fmt.Sprintf("wrong audience: the token is for %q, not %q: project a ServiceAccount token with audience %q", []string(c.Audience), a.opts.Audience, a.opts.Audience)
-	case sa != "" && mentions(reviewErr, "serviceaccount", "not found", "deleted", "does not match"):
-		return fmt.Sprintf("the token's ServiceAccount %s has been deleted (or replaced): mint a token for an existing ServiceAccount", sa)
-	case c.K8s != nil && c.K8s.Pod != nil && mentions(reviewErr, "pod", "not found", "deleted", "does not match"):
-		return fmt.Sprintf("the pod %s/%s the token is bound to has been deleted (or replaced)", c.K8s.Namespace, c.K8s.Pod.Name)
+	case sa != "" && (says(fmt.Sprintf("serviceaccounts %q not found", c.K8s.ServiceAccount.Name)) || says("service account "+sa+" has been deleted")):
+		return fmt.Sprintf("the token's ServiceAccount %s has been deleted: mint a token for an existing ServiceAccount", sa)
+	case sa != "" && says("service account UID ("):
+		return fmt.Sprintf("the token's ServiceAccount %s has been deleted (another of its name was created since): mint a new token for it", sa)
+	case pod != "" && invalidated:
+		return fmt.Sprintf("the pod %s the token is bound to was deleted: a pod's token is valid only while that pod exists; use the token projected into a running pod", pod)
+	case pod != "" && says("pod UID ("):
+		return fmt.Sprintf("the pod %s the token is bound to was deleted (another pod of its name was created since): use the token projected into the running pod", pod)
+	case node != "" && (invalidated || says("node UID (")):
+		return fmt.Sprintf("the node %s the token is bound to was deleted (or replaced): mint a token bound to an existing node", node)
+	case invalidated:
+		return "the object the token is bound to was deleted: mint a token bound to an existing object"
 	}
-	return "the API server rejected the token: " + truncate(reviewErr, 200)
-}
-
-// mentions reports whether s mentions what and any of reasons, ignoring case.
-func mentions(s, what string, reasons ...string) bool {
-	s = strings.ToLower(s)
-	if !strings.Contains(s, what) {
-		return false
-	}
-	for _, r := range reasons {
-		if strings.Contains(s, r) {
-			return true
-		}
-	}
-	return false
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
+	return "the API server rejected the token: " + quote.Message(reviewErr)
 }
 
 func userOf(u authenticationv1.UserInfo) *User {

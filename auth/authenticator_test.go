@@ -80,8 +80,12 @@ func TestAuthenticateExplainsEachRejection(t *testing.T) {
 		}
 		return m
 	}
-	podClaims := saClaims(nil)
-	podClaims["kubernetes.io"].(map[string]any)["pod"] = map[string]string{"name": "p1", "uid": "u9"}
+	boundTo := func(kind, name string) map[string]any {
+		m := saClaims(nil)
+		m["kubernetes.io"].(map[string]any)[kind] = map[string]string{"name": name, "uid": "u9"}
+		return m
+	}
+	podClaims, nodeClaims := boundTo("pod", "p1"), boundTo("node", "node-1")
 	rejected := func(msg string) func(*authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error) {
 		return func(*authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error) {
 			return &authenticationv1.TokenReviewStatus{Error: msg}, nil
@@ -100,12 +104,30 @@ func TestAuthenticateExplainsEachRejection(t *testing.T) {
 			rejected("[invalid bearer token, service account token has expired]"), 1, "the token expired at"},
 		{"wrong audience", bearer(jwt(saClaims(map[string]any{"aud": []string{"vault"}}))),
 			rejected("[invalid bearer token, token audiences [\"vault\"] is invalid for the target audiences [\"informerd\"]]"), 1, `wrong audience: the token is for ["vault"], not "informerd"`},
+		// The kube-apiserver's words (v1.37): its loopback authenticator's,
+		// then pkg/serviceaccount/claims.go's.
 		{"deleted ServiceAccount", bearer(jwt(saClaims(nil))),
-			rejected(`[invalid bearer token, serviceaccounts "reader" not found]`), 1, "ServiceAccount a/reader has been deleted"},
+			rejected(`[invalid bearer token, serviceaccounts "reader" not found]`), 1, "the token's ServiceAccount a/reader has been deleted: mint a token"},
+		{"ServiceAccount being deleted", bearer(jwt(saClaims(nil))),
+			rejected(`[invalid bearer token, service account a/reader has been deleted]`), 1, "the token's ServiceAccount a/reader has been deleted: mint a token"},
+		{"ServiceAccount replaced", bearer(jwt(saClaims(nil))),
+			rejected(`[invalid bearer token, service account UID (u2) does not match claim (u1)]`), 1, "the token's ServiceAccount a/reader has been deleted (another of its name"},
+		{"deleted ServiceAccount of a pod's token", bearer(jwt(podClaims)),
+			rejected(`[invalid bearer token, serviceaccounts "reader" not found]`), 1, "the token's ServiceAccount a/reader has been deleted"},
 		{"deleted pod", bearer(jwt(podClaims)),
-			rejected(`[invalid bearer token, pods "p1" not found]`), 1, "the pod a/p1 the token is bound to has been deleted"},
+			rejected(`[invalid bearer token, service account token has been invalidated]`), 1, "the pod a/p1 the token is bound to was deleted: "},
+		{"pod replaced", bearer(jwt(podClaims)),
+			rejected(`[invalid bearer token, pod UID (u8) does not match service account pod ref claim (u9)]`), 1, "the pod a/p1 the token is bound to was deleted (another pod of its name"},
+		{"deleted node", bearer(jwt(nodeClaims)),
+			rejected(`[invalid bearer token, service account token has been invalidated]`), 1, "the node node-1 the token is bound to was deleted"},
+		{"deleted Secret", bearer(jwt(saClaims(nil))),
+			rejected(`[invalid bearer token, service account token has been invalidated]`), 1, "the object the token is bound to was deleted"},
+		{"another ServiceAccount's name in the words", bearer(jwt(saClaims(nil))),
+			rejected(`[invalid bearer token, serviceaccounts "other" not found]`), 1, `the API server rejected the token: [invalid bearer token, serviceaccounts "other" not found]`},
 		{"other", bearer(jwt(saClaims(nil))), rejected("[invalid bearer token, square-root of a banana]"), 1,
 			"the API server rejected the token: [invalid bearer token, square-root of a banana]"},
+		{"long words are cut", bearer(jwt(saClaims(nil))), rejected(strings.Repeat("w", 4096)), 1,
+			"the API server rejected the token: " + strings.Repeat("w", 256) + "..."},
 		{"another node", bearer(jwt(saClaims(nil))), authenticated(map[string]authenticationv1.ExtraValue{
 			ExtraNodeName: {"node-2"}, ExtraPodName: {"p1"},
 		}), 1, "the token is bound to pod a/p1 on node node-2, and this informerd serves node node-1"},

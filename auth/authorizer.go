@@ -20,6 +20,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
+
+	"github.com/informerd/informerd/internal/quote"
 )
 
 // Attributes are one thing a caller wants to do: a verb on a resource in a
@@ -51,10 +53,10 @@ func (a Attributes) String() string {
 		s += " in namespace " + a.Namespace
 	}
 	if a.LabelSelector != "" {
-		s += " with labels " + truncate(a.LabelSelector, 64)
+		s += " with labels " + quote.String(a.LabelSelector)
 	}
 	if a.FieldSelector != "" {
-		s += " with fields " + truncate(a.FieldSelector, 64)
+		s += " with fields " + quote.String(a.FieldSelector)
 	}
 	return s
 }
@@ -243,7 +245,7 @@ func (z *Authorizer) cached(key accessKey) (decision, bool) {
 
 func (z *Authorizer) deny(u *User, a Attributes, reason string) error {
 	if reason != "" {
-		return errorf(ErrDenied, "%s may not %s: %s", u.Name, a, truncate(reason, 200))
+		return errorf(ErrDenied, "%s may not %s: %s", u.Name, a, quote.Message(reason, a.LabelSelector, a.FieldSelector))
 	}
 	return errorf(ErrDenied, "%s may not %s", u.Name, a)
 }

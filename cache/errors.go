@@ -16,7 +16,8 @@ var (
 	ErrStopped = errors.New("informer stopped")
 	// ErrRejected: the API server rejected the request as invalid (400 or
 	// 422), for example a field selector it does not support for the
-	// resource. The error wraps the API server's.
+	// resource. The error wraps the API server's; its message quotes at
+	// most 64 bytes of the field selector in one place.
 	ErrRejected = errors.New("the API server rejected the request")
 	// ErrTooNew: the request asked for a resourceVersion the informer has
 	// not reached in time; retrying later may succeed.

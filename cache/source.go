@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/informerd/informerd/internal/backoff"
+	"github.com/informerd/informerd/internal/quote"
 )
 
 // SourceState is a Source's sync state.
@@ -189,7 +190,7 @@ func (s *Source) run(ctx context.Context) error {
 				case giveUp:
 					return fmt.Errorf("%w: %s is not served by the API server (%w)", ErrResourceRemoved, s.key, err)
 				case reject:
-					return fmt.Errorf("%w: %s: %w", ErrRejected, s.key, err)
+					return rejected(s.key, err)
 				}
 				s.setErr(err)
 				if bo.Wait(ctx) != nil {
@@ -219,7 +220,7 @@ func (s *Source) run(ctx context.Context) error {
 		case giveUp:
 			return fmt.Errorf("%w: %s is no longer served by the API server; was its CustomResourceDefinition deleted? (%w)", ErrResourceRemoved, s.key, err)
 		case reject:
-			return fmt.Errorf("%w: %s: %w", ErrRejected, s.key, err)
+			return rejected(s.key, err)
 		default:
 			if err != nil {
 				s.log.Info("watch failed: retrying", "err", err)
@@ -232,6 +233,28 @@ func (s *Source) run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// rejected returns the terminal error of a Source whose request the API
+// server rejected as invalid: ErrRejected and err, the API server's. Its
+// message quotes at most quote.Max bytes of the field selector (which a
+// client sent) in one place, wherever the key or the API server's message
+// repeats it, whole or a field of it.
+func rejected(key Key, err error) error {
+	fs := key.FieldSelector
+	return &rejectedError{
+		msg: fmt.Sprintf("%s: %s: %s", ErrRejected, quote.Message(key.String(), fs), quote.Message(err.Error(), fs)),
+		err: err,
+	}
+}
+
+// rejectedError is what rejected returns.
+type rejectedError struct {
+	msg string
+	err error
+}
+
+func (e *rejectedError) Error() string   { return e.msg }
+func (e *rejectedError) Unwrap() []error { return []error{ErrRejected, e.err} }
 
 // watch consumes one watch until it ends; *rv tracks the position and
 // delivered reports whether it brought any event or bookmark. A clean end

@@ -14,10 +14,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/polling/event"
-	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/watcher"
 	"sigs.k8s.io/cli-utils/pkg/object"
 
+	"github.com/informerd/informerd/internal/statusconv"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
@@ -173,7 +173,7 @@ func fromProtoStatus(p *informerdv1.ResourceStatus) *event.ResourceStatus {
 		Identifier: object.ObjMetadata{
 			GroupKind: schema.GroupKind{Group: o.GetGroup(), Kind: o.GetKind()}, Namespace: o.GetNamespace(), Name: o.GetName(),
 		},
-		Status:  fromProtoStatusValue(p.GetStatus()),
+		Status:  statusconv.FromProto(p.GetStatus()),
 		Message: p.GetMessage(),
 	}
 	if e := p.GetError(); e != "" {
@@ -194,22 +194,6 @@ func fromProtoStatus(p *informerdv1.ResourceStatus) *event.ResourceStatus {
 		rs.GeneratedResources = append(rs.GeneratedResources, fromProtoStatus(g))
 	}
 	return rs
-}
-
-func fromProtoStatusValue(s informerdv1.Status) kstatus.Status {
-	switch s {
-	case informerdv1.Status_STATUS_IN_PROGRESS:
-		return kstatus.InProgressStatus
-	case informerdv1.Status_STATUS_FAILED:
-		return kstatus.FailedStatus
-	case informerdv1.Status_STATUS_CURRENT:
-		return kstatus.CurrentStatus
-	case informerdv1.Status_STATUS_TERMINATING:
-		return kstatus.TerminatingStatus
-	case informerdv1.Status_STATUS_NOT_FOUND:
-		return kstatus.NotFoundStatus
-	}
-	return kstatus.UnknownStatus
 }
 
 // statusError returns a terminal stream error as a Kubernetes API error

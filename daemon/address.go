@@ -10,6 +10,7 @@ import (
 
 	"github.com/informerd/informerd/address"
 	"github.com/informerd/informerd/cache"
+	"github.com/informerd/informerd/internal/quote"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
@@ -79,7 +80,7 @@ func (s *Server) WatchAddress(req *informerdv1.WatchAddressRequest, stream infor
 func validateWatchAddress(req *informerdv1.WatchAddressRequest) (address.Request, string, error) {
 	ip, err := netip.ParseAddr(req.GetIp())
 	if err != nil || ip.Zone() != "" {
-		return address.Request{}, "", invalid("ip %q is not an IP address: write it as, for example, %q or %q", prefix(req.GetIp()), "10.244.0.7", "fd00::7")
+		return address.Request{}, "", invalid("ip %s is not an IP address: write it as, for example, %q or %q", quote.String(req.GetIp()), "10.244.0.7", "fd00::7")
 	}
 	if p := req.GetPort(); p == 0 || p > 65535 {
 		return address.Request{}, "", invalid("port %d is not a port: it must be 1 to 65535", p)
@@ -90,7 +91,7 @@ func validateWatchAddress(req *informerdv1.WatchAddressRequest) (address.Request
 	}
 	for _, k := range keys {
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
-			return address.Request{}, "", invalid("label_keys: %q is not a label key: %s", prefix(k), errs[0])
+			return address.Request{}, "", invalid("label_keys: %s is not a label key: %s", quote.String(k), errs[0])
 		}
 	}
 	name, err := holderName(req.GetClientName())
@@ -98,15 +99,6 @@ func validateWatchAddress(req *informerdv1.WatchAddressRequest) (address.Request
 		return address.Request{}, "", err
 	}
 	return address.Request{Address: netip.AddrPortFrom(ip, uint16(req.GetPort())), LabelKeys: keys}, name, nil
-}
-
-// prefix shortens what a client sent for quoting in an error.
-func prefix(s string) string {
-	const max = 64
-	if len(s) <= max {
-		return s
-	}
-	return s[:max] + "..."
 }
 
 // answerProto converts an answer, with the pod's labels among keys.

@@ -23,7 +23,7 @@ func TestValidateWatchAddress(t *testing.T) {
 		{"no IP", &informerdv1.WatchAddressRequest{Port: 80}, "ip"},
 		{"host name", &informerdv1.WatchAddressRequest{Ip: "web.default", Port: 80}, "not an IP address"},
 		{"zone", &informerdv1.WatchAddressRequest{Ip: "fe80::1%eth0", Port: 80}, "ip"},
-		{"long garbage is quoted short", &informerdv1.WatchAddressRequest{Ip: long, Port: 80}, strings.Repeat("x", 64) + `..."`},
+		{"long garbage is quoted short", &informerdv1.WatchAddressRequest{Ip: long, Port: 80}, `"` + strings.Repeat("x", 64) + `"... (300 bytes)`},
 		{"port 0", &informerdv1.WatchAddressRequest{Ip: "10.0.0.1"}, "port 0"},
 		{"port too large", &informerdv1.WatchAddressRequest{Ip: "10.0.0.1", Port: 70000}, "port 70000"},
 		{"bad label key", &informerdv1.WatchAddressRequest{Ip: "10.0.0.1", Port: 80, LabelKeys: []string{"not a key"}}, "label_keys"},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/cache"
+	"github.com/informerd/informerd/internal/quote"
 )
 
 // call is one request's life in the daemon, the same for every RPC that
@@ -120,7 +121,7 @@ func (c *call) resolve(req *cache.Request, labelSelector string) error {
 	}
 	if !namespaced && req.Namespace != "" {
 		return fmt.Errorf("%w: %s is cluster-scoped: it has no namespace %s (the API server answers 404 Not Found for it); leave the namespace empty",
-			errClusterScoped, gvr.GroupResource(), quote(req.Namespace))
+			errClusterScoped, gvr.GroupResource(), quote.String(req.Namespace))
 	}
 	req.GVR, req.Kind, req.Owner, req.Holder = gvr, "", c.caller.name, c.holder
 	return c.authorize(access{GVR: gvr, Namespace: req.Namespace, LabelSelector: labelSelector, FieldSelector: req.FieldSelector})

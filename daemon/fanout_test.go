@@ -27,6 +27,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -47,10 +49,12 @@ func TestMain(m *testing.M) {
 
 // fakeAPIServer serves just enough of the Kubernetes API for one resource
 // (configmaps) to drive a real cache.Manager: discovery, an empty LIST, and
-// a watch that writes whatever the benchmark feeds it; and TokenReviews
+// a watch that writes whatever the benchmark feeds it (a field selector on
+// another field than the name or namespace is rejected with the API
+// server's 400); and TokenReviews
 // (any token is the ServiceAccount bench/<its "sub" claim>) and
-// SubjectAccessReviews (everything is allowed) for the daemon's
-// authentication. It stands in for the API server only where the API
+// SubjectAccessReviews (everything is allowed unless a field below denies
+// it) for the daemon's authentication. It stands in for the API server only where the API
 // server is not what is measured.
 type fakeAPIServer struct {
 	*httptest.Server
@@ -61,6 +65,9 @@ type fakeAPIServer struct {
 	// denyName makes them deny the ServiceAccount of that name only.
 	deny, fail atomic.Bool
 	denyName   atomic.Value // string
+	// denyNonResource holds the users (keys) whose SubjectAccessReviews
+	// of non-resource URLs (such as /informerd/informers) are denied.
+	denyNonResource sync.Map
 }
 
 func newFakeAPIServer(t testing.TB) *fakeAPIServer {
@@ -79,6 +86,12 @@ func newFakeAPIServer(t testing.TB) *fakeAPIServer {
 		`{"name":"secrets","singularName":"secret","namespaced":true,"kind":"Secret","verbs":["list","watch"]}]}`))
 	mux.HandleFunc("/api/v1/configmaps", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
+		if msg := unsupportedField(r.URL.Query().Get("fieldSelector")); msg != "" {
+			w.WriteHeader(http.StatusBadRequest)
+			writeJSON(w, &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+				Status: metav1.StatusFailure, Message: msg, Reason: metav1.StatusReasonBadRequest, Code: http.StatusBadRequest})
+			return
+		}
 		if r.URL.Query().Get("watch") != "true" {
 			f.lists.Add(1)
 			io.WriteString(w, `{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}`)
@@ -130,12 +143,32 @@ func newFakeAPIServer(t testing.TB) *fakeAPIServer {
 			return
 		}
 		name, _ := f.denyName.Load().(string)
-		sar.Status = authorizationv1.SubjectAccessReviewStatus{Allowed: !f.deny.Load() && (name == "" || sar.Spec.User != "system:serviceaccount:bench:"+name)}
+		_, deniedPath := f.denyNonResource.Load(sar.Spec.User)
+		deniedPath = deniedPath && sar.Spec.NonResourceAttributes != nil
+		sar.Status = authorizationv1.SubjectAccessReviewStatus{Allowed: !f.deny.Load() && !deniedPath &&
+			(name == "" || sar.Spec.User != "system:serviceaccount:bench:"+name)}
 		writeJSON(w, &sar)
 	})
 	f.Server = httptest.NewServer(mux)
 	t.Cleanup(f.Close)
 	return f
+}
+
+// unsupportedField returns the kube-apiserver's message for a field
+// selector on configmaps that names a field other than metadata.name and
+// metadata.namespace (apimachinery's DefaultMetaV1FieldSelectorConversion),
+// or "".
+func unsupportedField(selector string) string {
+	sel, err := fields.ParseSelector(selector)
+	if err != nil {
+		return "invalid field selector: " + err.Error()
+	}
+	for _, r := range sel.Requirements() {
+		if r.Field != "metadata.name" && r.Field != "metadata.namespace" {
+			return fmt.Sprintf("%q is not a known field selector: only %q, %q", r.Field, "metadata.name", "metadata.namespace")
+		}
+	}
+	return ""
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -189,22 +222,17 @@ type serverConfig struct {
 	authn auth.AuthenticatorOptions
 	authz auth.AuthorizerOptions
 	tcp   bool // serve on a loopback TCP port as well
+	// maxObjectBytes is the cache's MaxObjectBytes.
+	maxObjectBytes int
 }
 
 // serve starts a daemon with sec over the fake API server, with limits
 // that admit a benchmark's thousand subscribers from one uid, unless tune
 // changes them.
 func serve(t testing.TB, api *fakeAPIServer, sec security, tune ...func(*serverConfig)) *testServer {
-	mgr, err := cache.NewManager(cache.Options{
-		Config: &rest.Config{Host: api.URL, QPS: -1}, Scope: cache.ScopeCluster, DisableWatchList: true,
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := serverConfig{
 		opts: daemon.Options{
-			Cache: mgr, Logger: slog.New(slog.DiscardHandler), InsecureLocalOnly: sec == authOff,
+			Logger: slog.New(slog.DiscardHandler), InsecureLocalOnly: sec == authOff,
 			// Without authentication every subscriber is one caller (its uid).
 			Limits: daemon.Limits{MaxConnections: 4096, MaxConnectionsPerPeer: 4096, MaxStreamsPerCaller: 4096},
 		},
@@ -213,6 +241,14 @@ func serve(t testing.TB, api *fakeAPIServer, sec security, tune ...func(*serverC
 	for _, f := range tune {
 		f(&cfg)
 	}
+	mgr, err := cache.NewManager(cache.Options{
+		Config: &rest.Config{Host: api.URL, QPS: -1}, Scope: cache.ScopeCluster, DisableWatchList: true,
+		MaxObjectBytes: cfg.maxObjectBytes, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.opts.Cache = mgr
 	opts := cfg.opts
 	if sec == authOn {
 		// JSON: the fake API server speaks no protobuf.

@@ -452,8 +452,10 @@ const introspectPath = "/informerd/informers"
 // ListInformers implements the introspection RPC. A caller allowed get on
 // introspectPath (or any caller in InsecureLocalOnly mode) sees every
 // informer and every stream; another sees only the informers its own
-// streams hold, with only its own streams, and without the counts
-// (objects, lag) that describe what others read.
+// streams hold, and of each only what it asked for (resource, namespace,
+// field selector, encoding), its state and its own streams: nothing of
+// what others read or of what upstream said (a message may name objects
+// of any namespace), whatever fields Informer gains.
 func (s *Server) ListInformers(ctx context.Context, _ *informerdv1.ListInformersRequest) (*informerdv1.ListInformersResponse, error) {
 	c := callerOf(ctx)
 	all := c.user == nil
@@ -472,25 +474,23 @@ func (s *Server) ListInformers(ctx context.Context, _ *informerdv1.ListInformers
 		if !all && len(mine) == 0 {
 			continue
 		}
+		// The fields every caller that holds the informer may see; the
+		// rest are added for callers allowed to see everything.
 		inf := &informerdv1.Informer{
 			Resource: &informerdv1.GroupVersionResource{
 				Group: in.Key.GVR.Group, Version: in.Key.GVR.Version, Resource: in.Key.GVR.Resource,
 			},
-			Namespace:       in.Key.Namespace,
-			FieldSelector:   in.Key.FieldSelector,
-			State:           string(in.State),
-			Lingering:       in.RefCount == 0,
-			Holders:         in.Holders,
-			RefCount:        int32(in.RefCount),
-			Objects:         int64(in.Objects),
-			ResourceVersion: in.ResourceVersion,
-			MaxLagEvents:    int64(in.MaxLagEvents),
-			Message:         in.Message,
-			Encoding:        encodingOf(in.Key),
-			EventsIn:        in.EventsIn,
+			Namespace:     in.Key.Namespace,
+			FieldSelector: in.Key.FieldSelector,
+			State:         string(in.State),
+			Lingering:     in.RefCount == 0,
+			Encoding:      encodingOf(in.Key),
 		}
-		if !all {
-			inf.Holders, inf.RefCount, inf.Objects, inf.MaxLagEvents, inf.EventsIn = nil, int32(len(mine)), 0, 0, 0
+		if all {
+			inf.Holders, inf.RefCount, inf.Objects = in.Holders, int32(in.RefCount), int64(in.Objects)
+			inf.ResourceVersion, inf.MaxLagEvents, inf.Message, inf.EventsIn = in.ResourceVersion, int64(in.MaxLagEvents), in.Message, in.EventsIn
+		} else {
+			inf.RefCount = int32(len(mine))
 			for _, h := range mine {
 				inf.Holders = append(inf.Holders, h.client)
 			}

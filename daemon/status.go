@@ -7,8 +7,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/polling/event"
-	clistatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 
+	"github.com/informerd/informerd/internal/statusconv"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 	statusengine "github.com/informerd/informerd/status"
 )
@@ -94,7 +94,7 @@ func toProtoStatus(rs *event.ResourceStatus) *informerdv1.ResourceStatus {
 		Object: &informerdv1.ObjectReference{
 			Group: id.GroupKind.Group, Kind: id.GroupKind.Kind, Namespace: id.Namespace, Name: id.Name,
 		},
-		Status:  toProtoStatusValue(rs.Status),
+		Status:  statusconv.ToProto(rs.Status),
 		Message: rs.Message,
 	}
 	if rs.Error != nil {
@@ -107,20 +107,4 @@ func toProtoStatus(rs *event.ResourceStatus) *informerdv1.ResourceStatus {
 		out.Generated = append(out.Generated, toProtoStatus(g))
 	}
 	return out
-}
-
-func toProtoStatusValue(s clistatus.Status) informerdv1.Status {
-	switch s {
-	case clistatus.InProgressStatus:
-		return informerdv1.Status_STATUS_IN_PROGRESS
-	case clistatus.FailedStatus:
-		return informerdv1.Status_STATUS_FAILED
-	case clistatus.CurrentStatus:
-		return informerdv1.Status_STATUS_CURRENT
-	case clistatus.TerminatingStatus:
-		return informerdv1.Status_STATUS_TERMINATING
-	case clistatus.NotFoundStatus:
-		return informerdv1.Status_STATUS_NOT_FOUND
-	}
-	return informerdv1.Status_STATUS_UNKNOWN
 }

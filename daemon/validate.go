@@ -2,9 +2,7 @@ package daemon
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -17,6 +15,7 @@ import (
 	"sigs.k8s.io/cli-utils/pkg/object"
 
 	"github.com/informerd/informerd/cache"
+	"github.com/informerd/informerd/internal/quote"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 	statusengine "github.com/informerd/informerd/status"
 )
@@ -31,33 +30,6 @@ const maxName = 253
 // at most 20 digits; aggregated APIs may use other strings.
 const maxResourceVersion = 256
 
-// maxQuoted bounds how much of a client's input an error message quotes.
-const maxQuoted = 64
-
-// quote quotes s for an error message, at most maxQuoted bytes of it: a
-// client that sends megabytes gets a short answer.
-func quote(s string) string {
-	if len(s) <= maxQuoted {
-		return strconv.Quote(s)
-	}
-	cut := maxQuoted
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(s[:cut]), len(s))
-}
-
-// shorten bounds an error message built from a client's input (a
-// selector parser's message quotes it whole).
-func shorten(err error) string { return strings.ToValidUTF8(truncate(err.Error(), 2*maxQuoted), "?") }
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
-}
-
 // invalid returns an INVALID_ARGUMENT status.
 func invalid(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, format, args...)
@@ -67,31 +39,31 @@ func invalid(format string, args ...any) error {
 func validateResource(r *informerdv1.GroupVersionResource, kind, namespace string) error {
 	switch {
 	case kind != "" && r.GetResource() != "":
-		return invalid("kind %s and resource.resource %s are both set: name the resource one way", quote(kind), quote(r.GetResource()))
+		return invalid("kind %s and resource.resource %s are both set: name the resource one way", quote.String(kind), quote.String(r.GetResource()))
 	case kind != "":
 		if errs := validation.IsDNS1035Label(strings.ToLower(kind)); len(errs) > 0 {
-			return invalid("kind %s: %s", quote(kind), errs[0])
+			return invalid("kind %s: %s", quote.String(kind), errs[0])
 		}
 	case r.GetResource() == "":
 		return invalid("resource: resource (or kind) is required, for example resource %q", "configmaps")
 	default:
 		if errs := validation.IsDNS1123Subdomain(r.GetResource()); len(errs) > 0 {
-			return invalid("resource.resource %s: %s (use the lower-case plural, for example %q)", quote(r.GetResource()), errs[0], "deployments")
+			return invalid("resource.resource %s: %s (use the lower-case plural, for example %q)", quote.String(r.GetResource()), errs[0], "deployments")
 		}
 	}
 	if r.GetGroup() != "" {
 		if errs := validation.IsDNS1123Subdomain(r.GetGroup()); len(errs) > 0 {
-			return invalid("resource.group %s: %s", quote(r.GetGroup()), errs[0])
+			return invalid("resource.group %s: %s", quote.String(r.GetGroup()), errs[0])
 		}
 	}
 	if v := r.GetVersion(); v != "" {
 		if errs := validation.IsDNS1035Label(v); len(errs) > 0 {
-			return invalid("resource.version %s: %s", quote(v), errs[0])
+			return invalid("resource.version %s: %s", quote.String(v), errs[0])
 		}
 	}
 	if namespace != "" {
 		if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
-			return invalid("namespace %s: %s", quote(namespace), errs[0])
+			return invalid("namespace %s: %s", quote.String(namespace), errs[0])
 		}
 	}
 	return nil
@@ -140,6 +112,12 @@ func holderName(name string) (string, error) {
 // INVALID_ARGUMENT status naming the field and what is wrong with it, or an
 // error wrapping errLimit for a selector longer than maxSelector bytes.
 // Messages quote at most a short prefix of what the client sent.
+//
+// It rewrites req's selectors to their canonical spellings (the
+// apimachinery parsers' String), so that everything after validation (the
+// accesses authorized and the caches of their decisions, the cache's
+// filter and informer key) sees one spelling: "a = b" and "a=b" are one
+// access and cost one review.
 func validateWatch(req *informerdv1.WatchRequest, maxSelector int) (cache.Request, cache.View, error) {
 	for _, f := range []struct{ name, value string }{{"label_selector", req.GetLabelSelector()}, {"field_selector", req.GetFieldSelector()}} {
 		if len(f.value) > maxSelector {
@@ -155,12 +133,13 @@ func validateWatch(req *informerdv1.WatchRequest, maxSelector int) (cache.Reques
 	}
 	sel, err := labels.Parse(req.GetLabelSelector())
 	if err != nil {
-		return invalid("label_selector %s: %s", quote(req.GetLabelSelector()), shorten(err))
+		return invalid("label_selector %s: %s", quote.String(req.GetLabelSelector()), quote.Message(err.Error(), req.GetLabelSelector()))
 	}
 	fieldSel, err := fields.ParseSelector(req.GetFieldSelector())
 	if err != nil {
-		return invalid("field_selector %s: %s", quote(req.GetFieldSelector()), shorten(err))
+		return invalid("field_selector %s: %s", quote.String(req.GetFieldSelector()), quote.Message(err.Error(), req.GetFieldSelector()))
 	}
+	req.LabelSelector, req.FieldSelector = sel.String(), fieldSel.String()
 	if err := validateResourceVersion("resume_resource_version", req.GetResumeResourceVersion()); err != nil {
 		return cache.Request{}, 0, err
 	}
@@ -180,7 +159,7 @@ func validateWatch(req *informerdv1.WatchRequest, maxSelector int) (cache.Reques
 		Kind:            kind,
 		Namespace:       req.GetNamespace(),
 		Filter:          cache.Filter{Labels: sel},
-		FieldSelector:   fieldSel.String(),
+		FieldSelector:   req.GetFieldSelector(),
 		Resume:          req.GetResumeResourceVersion(),
 		NotOlderThan:    req.GetNotOlderThanResourceVersion(),
 		WaitForResource: req.GetWaitForResource(),
@@ -204,7 +183,7 @@ func validateGet(req *informerdv1.GetRequest) (cache.Request, string, cache.View
 		return cache.Request{}, "", 0, invalid("name is %d bytes long, at most %d are allowed", len(name), maxName)
 	}
 	if errs := content.IsPathSegmentName(name); len(errs) > 0 {
-		return cache.Request{}, "", 0, invalid("name %s: %s", quote(name), errs[0])
+		return cache.Request{}, "", 0, invalid("name %s: %s", quote.String(name), errs[0])
 	}
 	if err := validateResourceVersion("not_older_than_resource_version", req.GetNotOlderThanResourceVersion()); err != nil {
 		return cache.Request{}, "", 0, err
@@ -270,26 +249,17 @@ func validateObjectReference(o *informerdv1.ObjectReference) string {
 	case o.GetKind() == "":
 		return `kind is required, for example "Deployment"`
 	case len(validation.IsDNS1035Label(strings.ToLower(o.GetKind()))) > 0:
-		return fmt.Sprintf("kind %q: %s", short(o.GetKind()), validation.IsDNS1035Label(strings.ToLower(o.GetKind()))[0])
+		return fmt.Sprintf("kind %s: %s", quote.String(o.GetKind()), validation.IsDNS1035Label(strings.ToLower(o.GetKind()))[0])
 	case o.GetGroup() != "" && len(validation.IsDNS1123Subdomain(o.GetGroup())) > 0:
-		return fmt.Sprintf("group %q: %s", short(o.GetGroup()), validation.IsDNS1123Subdomain(o.GetGroup())[0])
+		return fmt.Sprintf("group %s: %s", quote.String(o.GetGroup()), validation.IsDNS1123Subdomain(o.GetGroup())[0])
 	case o.GetNamespace() != "" && len(validation.IsDNS1123Label(o.GetNamespace())) > 0:
-		return fmt.Sprintf("namespace %q: %s", short(o.GetNamespace()), validation.IsDNS1123Label(o.GetNamespace())[0])
+		return fmt.Sprintf("namespace %s: %s", quote.String(o.GetNamespace()), validation.IsDNS1123Label(o.GetNamespace())[0])
 	case o.GetName() == "":
 		return "name is required"
 	case len(o.GetName()) > maxName:
-		return fmt.Sprintf("name %q is %d bytes long, at most %d are allowed", short(o.GetName()), len(o.GetName()), maxName)
+		return fmt.Sprintf("name %s is %d bytes long, at most %d are allowed", quote.String(o.GetName()), len(o.GetName()), maxName)
 	case len(content.IsPathSegmentName(o.GetName())) > 0:
-		return fmt.Sprintf("name %q: %s", short(o.GetName()), content.IsPathSegmentName(o.GetName())[0])
+		return fmt.Sprintf("name %s: %s", quote.String(o.GetName()), content.IsPathSegmentName(o.GetName())[0])
 	}
 	return ""
-}
-
-// short returns at most the first 64 bytes of s, for quoting what a client
-// sent in an error.
-func short(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
 }

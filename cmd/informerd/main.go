@@ -530,10 +530,15 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 }
 
 // listenUnix listens on a Unix socket with mode, replacing a stale socket
-// file left by a previous run. Its directory is made world-searchable so
-// that client pods that mount it reach the socket.
+// file left by a previous run. The socket never exists at path with
+// another mode: it is created in a private directory (0700, beside path,
+// so that only the daemon's user reaches it there), given its mode, and
+// linked into place, which fails if anything has appeared at path
+// meanwhile. Its directory is made world-searchable so that client pods
+// that mount it reach the socket. Closing the listener removes the socket.
 func listenUnix(path string, mode os.FileMode) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	if fi, err := os.Lstat(path); err == nil {
@@ -548,13 +553,38 @@ func listenUnix(path string, mode os.FileMode) (net.Listener, error) {
 			return nil, err
 		}
 	}
-	l, err := net.Listen("unix", path)
+	private, err := os.MkdirTemp(dir, ".s")
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(path, mode); err != nil {
-		l.Close()
+	defer os.RemoveAll(private) // the socket's first name, and the socket if linking failed
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(private, "s"), Net: "unix"})
+	if err != nil {
 		return nil, err
 	}
-	return l, nil
+	l.SetUnlinkOnClose(false) // its first name is gone; unixListener removes path
+	if err = os.Chmod(l.Addr().String(), mode); err == nil {
+		err = os.Link(l.Addr().String(), path)
+	}
+	if err != nil {
+		_ = l.Close()
+		return nil, err
+	}
+	return &unixListener{UnixListener: l, path: path}, nil
+}
+
+// unixListener is a Unix socket listener linked to path after it was
+// created (see listenUnix): its address is path, and Close removes path.
+type unixListener struct {
+	*net.UnixListener
+	path string
+	once sync.Once
+}
+
+func (l *unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
+
+func (l *unixListener) Close() error {
+	err := l.UnixListener.Close()
+	l.once.Do(func() { _ = os.Remove(l.path) })
+	return err
 }
