@@ -3,6 +3,7 @@ package auth
 import (
 	"fmt"
 	"net"
+	"net/netip"
 )
 
 // Peer is what the transport says about a caller's process: the
@@ -40,15 +41,35 @@ func PeerOf(c net.Conn) Peer {
 }
 
 // Key identifies the peer's source for per-source limits: its uid on a
-// Unix socket, its IP over TCP.
+// Unix socket; over TCP, "loopback" for every loopback address (127.0.0.0/8,
+// ::1 and their IPv4-mapped forms: any local process may bind any of them),
+// the /64 of an IPv6 address (one host is commonly given a whole /64), and
+// the address itself otherwise. So a local process cannot multiply its
+// limits by choosing source addresses.
 func (p Peer) Key() string {
 	switch {
 	case p.Cred:
 		return fmt.Sprintf("uid %d", p.UID)
 	case p.IP != "":
-		return "ip " + p.IP
+		return sourceOf(p.IP)
 	}
 	return p.Network + " peer"
+}
+
+// sourceOf is the Key of a TCP peer at ip.
+func sourceOf(ip string) string {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		return "ip " + ip // not from net.TCPAddr: kept as it is
+	}
+	a = a.WithZone("").Unmap()
+	switch {
+	case a.IsLoopback():
+		return "loopback"
+	case a.Is6():
+		return "ip " + netip.PrefixFrom(a, 64).Masked().String()
+	}
+	return "ip " + a.String()
 }
 
 // String describes the peer for logs and introspection.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -42,12 +41,16 @@ func callerOf(ctx context.Context) *caller {
 	return c
 }
 
-// healthService needs no token: kubelet's gRPC probes call it.
-const healthService = "/grpc.health.v1.Health/"
+// healthCheck is the one method served without a token: kubelet's gRPC
+// probes call it. It is unary, so it holds nothing once answered; the
+// health service's Watch and List authenticate like any RPC, and a Watch
+// holds one of its caller's stream slots.
+const healthCheck = "/grpc.health.v1.Health/Check"
 
-// unaryAuth authenticates the caller of a unary RPC.
+// unaryAuth authenticates the caller of a unary RPC, except a health
+// Check.
 func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if strings.HasPrefix(info.FullMethod, healthService) {
+	if info.FullMethod == healthCheck {
 		return handler(ctx, req)
 	}
 	ctx, err := s.authenticate(ctx)
@@ -60,9 +63,6 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 // streamAuth authenticates the caller of a streaming RPC and holds one of
 // its MaxStreamsPerCaller slots while the stream runs.
 func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if strings.HasPrefix(info.FullMethod, healthService) {
-		return handler(srv, ss)
-	}
 	ctx, err := s.authenticate(ss.Context())
 	if err != nil {
 		return err

@@ -23,6 +23,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -224,6 +226,8 @@ type serverConfig struct {
 	tcp   bool // serve on a loopback TCP port as well
 	// maxObjectBytes is the cache's MaxObjectBytes.
 	maxObjectBytes int
+	// health registers the gRPC health service, as cmd/informerd does.
+	health bool
 }
 
 // serve starts a daemon with sec over the fake API server, with limits
@@ -268,6 +272,9 @@ func serve(t testing.TB, api *fakeAPIServer, sec security, tune ...func(*serverC
 	}
 	gs := grpc.NewServer(srv.ServerOptions()...)
 	informerdv1.RegisterInformerServiceServer(gs, srv)
+	if cfg.health {
+		healthpb.RegisterHealthServer(gs, health.NewServer())
+	}
 	ts := &testServer{socket: filepath.Join(t.TempDir(), "d.sock"), mgr: mgr, sec: sec}
 	l, err := net.Listen("unix", ts.socket)
 	if err != nil {

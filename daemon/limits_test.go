@@ -252,9 +252,11 @@ func TestKeepalivePolicy(t *testing.T) {
 }
 
 // TestConnectionLimits: one peer's connections beyond
-// MaxConnectionsPerPeer are closed at once, connections that only sent a
-// preface are closed after MaxConnectionIdle and ones that sent nothing
-// after ConnectionTimeout, while another peer connects and streams.
+// MaxConnectionsPerPeer are closed at once, whichever loopback address
+// each comes from (every loopback address is one peer), connections that
+// only sent a preface are closed after MaxConnectionIdle and ones that
+// sent nothing after ConnectionTimeout, while another peer (the Unix
+// socket's uid) connects and streams.
 func TestConnectionLimits(t *testing.T) {
 	api := newFakeAPIServer(t)
 	srv := serve(t, api, authOn, func(c *serverConfig) {
@@ -264,27 +266,23 @@ func TestConnectionLimits(t *testing.T) {
 		c.opts.Limits.ConnectionTimeout = time.Second
 	})
 	by := newBystander(t, api, srv)
-	// The attacker is 127.0.0.2: another peer than the bystanders' 127.0.0.1.
+	// The attacker binds 127.0.0.2, .3 and .4 (any local process may),
+	// then .5: all of them the one peer "loopback".
 	type quiet struct {
 		c net.Conn
 		f *http2.Framer
 	}
 	var conns []quiet
-	for range 3 {
-		c, f := rawConn(t, "tcp", srv.tcp, "127.0.0.2")
+	for i := range 3 {
+		c, f := rawConn(t, "tcp", srv.tcp, fmt.Sprintf("127.0.0.%d", 2+i))
 		greet(t, c, f)
 		conns = append(conns, quiet{c, f})
 	}
-	extra, ef := rawConn(t, "tcp", srv.tcp, "127.0.0.2")
+	extra, ef := rawConn(t, "tcp", srv.tcp, "127.0.0.5")
 	if code := goAway(t, extra, ef, 5*time.Second); code != closedWithoutGoAway {
-		t.Fatalf("a 4th connection of one peer got GOAWAY %v; want it closed at once", code)
+		t.Fatalf("a 4th connection of one peer, from another loopback address, got GOAWAY %v; want it closed at once", code)
 	}
-	tcpBystander, err := client.Dial(srv.tcp, srv.credentials("tcp-bystander")...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tcpBystander.Close()
-	if err := firstResponse(tcpBystander, client.WatchOptions{Resource: configMaps}); err != nil {
+	if err := firstResponse(srv.dial(t, "newcomer"), client.WatchOptions{Resource: configMaps}); err != nil {
 		t.Fatalf("another peer while one is at its limit: %v", err)
 	}
 	by.stillReceives(t)
@@ -300,7 +298,7 @@ func TestConnectionLimits(t *testing.T) {
 		t.Fatalf("a connection that sent nothing: GOAWAY %v; want it closed after the handshake timeout", code)
 	}
 	// The closed connections gave their slots back.
-	err = wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		c, f := rawConn(t, "tcp", srv.tcp, "127.0.0.2")
 		defer c.Close()
 		if _, err := io.WriteString(c, http2.ClientPreface); err != nil {

@@ -100,8 +100,9 @@ type Limits struct {
 	// connection; more wait for a free one. Default 256.
 	MaxStreamsPerConnection int
 	// MaxConnections bounds the open connections of all peers, and
-	// MaxConnectionsPerPeer those of one peer (a uid on the Unix socket, an
-	// IP over TCP). Defaults 2048 and 512.
+	// MaxConnectionsPerPeer those of one peer (auth.Peer.Key: a uid on the
+	// Unix socket; over TCP every loopback address together, an IPv6 /64,
+	// an IPv4 address). Defaults 2048 and 512.
 	MaxConnections, MaxConnectionsPerPeer int
 	// ConnectionTimeout bounds a new connection's handshake: TLS, the
 	// HTTP/2 preface and settings. Default 10s.

@@ -140,7 +140,7 @@ func (g *guarded) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
-	user, _, err := g.authn.Authenticate(r.Context(), r.Header.Values("Authorization"), "ip "+host)
+	user, _, err := g.authn.Authenticate(r.Context(), r.Header.Values("Authorization"), auth.Peer{Network: "tcp", IP: host}.Key())
 	if err == nil {
 		_, err = g.authz.Authorize(r.Context(), user, auth.Attributes{Verb: "get", Path: g.path})
 	}
