@@ -131,6 +131,9 @@ func newFakeAPIServer(t testing.TB) *fakeAPIServer {
 		_ = json.Unmarshal(b, &claims)
 		tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: tr.Spec.Audiences,
 			User: authenticationv1.UserInfo{Username: "system:serviceaccount:bench:" + claims.Sub, Groups: []string{"system:serviceaccounts"}}}
+		if strings.HasPrefix(claims.Sub, "forged") { // signed by no one
+			tr.Status = authenticationv1.TokenReviewStatus{Error: "invalid bearer token"}
+		}
 		writeJSON(w, &tr)
 	})
 	mux.HandleFunc("POST /apis/authorization.k8s.io/v1/subjectaccessreviews", func(w http.ResponseWriter, r *http.Request) {
