@@ -1,0 +1,122 @@
+package daemon
+
+import (
+	"crypto/tls"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/informerd/informerd/address"
+	"github.com/informerd/informerd/auth"
+	"github.com/informerd/informerd/cache"
+	statusengine "github.com/informerd/informerd/status"
+)
+
+// Options configure a Server. Zero values take the documented defaults.
+type Options struct {
+	// Cache serves the subscriptions. Required.
+	Cache *cache.Manager
+	// Status serves WatchStatus. Default: none (WatchStatus answers
+	// UNIMPLEMENTED). The caller closes it after the streams end.
+	Status *statusengine.Engine
+	// Authenticator verifies each caller's bearer token. Required unless
+	// InsecureLocalOnly.
+	Authenticator *auth.Authenticator
+	// Authorizer checks each resource a request reads, as its caller.
+	// Required unless InsecureLocalOnly.
+	Authorizer *auth.Authorizer
+	// InsecureLocalOnly serves every caller without a token, with the
+	// daemon's own permissions: for development on a Unix socket only its
+	// own user can open. Never the default; cmd/informerd refuses it with
+	// a TCP listener.
+	InsecureLocalOnly bool
+	// AllowedUIDs, if not empty, admits only Unix socket callers whose
+	// uid (SO_PEERCRED) is in it, in addition to their token. TCP callers
+	// are not affected.
+	AllowedUIDs []uint32
+	// Sensitive resources are refused unless also in ServeSensitive; the
+	// caller's RBAC still applies to those. Secrets are always sensitive.
+	Sensitive, ServeSensitive []schema.GroupResource
+	// TLS, if set, serves TCP connections with TLS. Unix socket
+	// connections are never TLS.
+	TLS *tls.Config
+	// Limits bound what callers and connections may use.
+	Limits Limits
+	// MaxBatchEvents bounds the events in one WatchResponse or
+	// WatchStatusResponse. Default 256.
+	MaxBatchEvents int
+	// MaxBatchBytes bounds the encoded size of one WatchResponse, except
+	// that a single larger event is sent alone. Default 1 MiB.
+	MaxBatchBytes int
+	// WriteTimeout ends a stream whose client has not read a batch for
+	// this long (HTTP/2 flow control stops the daemon's writes), with
+	// UNAVAILABLE: a live client resumes where it was, and a stuck one
+	// holds nothing of the daemon's beyond it. Default 1m.
+	WriteTimeout time.Duration
+	// AddressRelated are the related kinds whose objects WatchAddress
+	// answers list. Default none.
+	AddressRelated []address.RelatedKind
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the metrics. Default: none are registered.
+	Registerer prometheus.Registerer
+}
+
+// Limits bound what one caller or connection may use; exceeding one gets
+// RESOURCE_EXHAUSTED naming it (connections beyond a limit are closed).
+// Zero values take the documented defaults.
+type Limits struct {
+	// MaxStreamsPerCaller bounds the open streams of one caller (a user),
+	// on all its connections. Default 512.
+	MaxStreamsPerCaller int
+	// MaxRequestBytes bounds a request message. Default 64 KiB.
+	MaxRequestBytes int
+	// MaxSelectorBytes bounds each selector of a request. Default 4 KiB.
+	MaxSelectorBytes int
+	// MaxHeaderBytes bounds a request's metadata, its token included.
+	// Default 16 KiB.
+	MaxHeaderBytes int
+	// MaxStreamsPerConnection bounds the concurrent streams of one HTTP/2
+	// connection; more wait for a free one. Default 256.
+	MaxStreamsPerConnection int
+	// MaxConnections bounds the open connections of all peers, and
+	// MaxConnectionsPerPeer those of one peer (auth.Peer.Key: a uid on the
+	// Unix socket; over TCP every loopback address together, an IPv6 /64,
+	// an IPv4 address). Defaults 2048 and 512.
+	MaxConnections, MaxConnectionsPerPeer int
+	// ConnectionTimeout bounds a new connection's handshake: TLS, the
+	// HTTP/2 preface and settings. Default 10s.
+	ConnectionTimeout time.Duration
+	// MaxConnectionIdle closes a connection that has had no stream for
+	// this long (with a GOAWAY: clients reconnect when they need to),
+	// including one that only ever sent a preface. Default 5m.
+	MaxConnectionIdle time.Duration
+	// KeepaliveMinTime is the shortest interval at which a client may
+	// ping; a client that pings more often is disconnected. Default 20s.
+	KeepaliveMinTime time.Duration
+}
+
+func (l *Limits) setDefaults() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.MaxStreamsPerCaller, 512)
+	def(&l.MaxRequestBytes, 64<<10)
+	def(&l.MaxSelectorBytes, 4<<10)
+	def(&l.MaxHeaderBytes, 16<<10)
+	def(&l.MaxStreamsPerConnection, 256)
+	def(&l.MaxConnections, 2048)
+	def(&l.MaxConnectionsPerPeer, 512)
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defDur(&l.ConnectionTimeout, 10*time.Second)
+	defDur(&l.MaxConnectionIdle, 5*time.Minute)
+	defDur(&l.KeepaliveMinTime, 20*time.Second)
+}
