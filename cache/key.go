@@ -1,6 +1,10 @@
 package cache
 
-import "k8s.io/apimachinery/pkg/runtime/schema"
+import (
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/informerd/informerd/internal/quote"
+)
 
 // Key identifies one upstream list+watch.
 type Key struct {
@@ -23,7 +27,10 @@ func (k Key) String() string {
 	if k.Namespace != "" {
 		s += " in " + k.Namespace
 	}
-	if k.FieldSelector != "" {
+	switch {
+	case len(k.FieldSelector) > quote.Max: // a client's input: errors and logs repeat it short
+		s += " fields " + quote.String(k.FieldSelector)
+	case k.FieldSelector != "":
 		s += " fields " + k.FieldSelector
 	}
 	if k.Protobuf {

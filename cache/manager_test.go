@@ -282,3 +282,17 @@ func TestManagerCloseStopsSubscribers(t *testing.T) {
 		t.Fatalf("Subscribe after Close = %v, want ErrStopped", err)
 	}
 }
+
+// TestKeyStringQuotesALongFieldSelectorShort: a Key names itself in
+// errors and logs; the field selector, a client's input of up to 4 KiB,
+// appears in at most quote.Max bytes of it.
+func TestKeyStringQuotesALongFieldSelectorShort(t *testing.T) {
+	long := "metadata.name=" + strings.Repeat("x", 2000)
+	s := Key{GVR: testGVR, FieldSelector: long}.String()
+	if strings.Contains(s, strings.Repeat("x", 65)) || !strings.Contains(s, "(2014 bytes)") {
+		t.Fatalf("Key.String() = %q, want the selector cut to 64 bytes and its length", s)
+	}
+	if s := (Key{GVR: testGVR, FieldSelector: "a=b"}).String(); !strings.HasSuffix(s, " fields a=b") {
+		t.Fatalf("Key.String() = %q, want a short selector as it is", s)
+	}
+}
