@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -110,6 +111,10 @@ func runStatusBench(args []string) error {
 	}
 	defer cp.Stop()
 	h := &statusHarness{cp: cp, w: w, self: self, informerd: informerd, timeout: *timeout, profiles: *profiles}
+	if h.tokens, err = os.MkdirTemp("", "informerd-bench-tokens-"); err != nil {
+		return err
+	}
+	defer os.RemoveAll(h.tokens)
 	rep := statusReport{Machine: describeMachine(cp), Workload: w, Command: "make bench-status BENCH_STATUS_FLAGS='" + strings.Join(args, " ") + "'"}
 	for _, n := range w.Appliers {
 		for _, mode := range w.Modes {
@@ -132,6 +137,7 @@ type statusHarness struct {
 	informerd string
 	timeout   time.Duration
 	profiles  string // directory for the appliers' allocation profiles, or ""
+	tokens    string // directory for the appliers' token files
 	runs      int
 }
 
@@ -162,8 +168,16 @@ func (h *statusHarness) run(ctx context.Context, mode string, n int) (statusRun,
 	if err != nil {
 		return r, err
 	}
-	var d *daemon
+	var (
+		d      *daemon
+		tokens = make([]string, n)
+	)
 	if mode == applierInformerd {
+		for i, ns := range namespaces {
+			if tokens[i], err = h.applierToken(ctx, admin, ns); err != nil {
+				return r, err
+			}
+		}
 		if d, err = startDaemon(ctx, h.informerd, h.cp.KubeconfigPath); err != nil {
 			return r, err
 		}
@@ -183,7 +197,7 @@ func (h *statusHarness) run(ctx context.Context, mode string, n int) (statusRun,
 		args := []string{"applier", "-kubeconfig", h.cp.KubeconfigPath, "-mode", mode, "-namespace", ns,
 			"-deployments", strconv.Itoa(h.w.Deployments), "-qps", strconv.FormatFloat(h.w.ApplierQPS, 'f', -1, 64), "-timeout", h.timeout.String()}
 		if d != nil {
-			args = append(args, "-socket", d.socket)
+			args = append(args, "-socket", d.socket, "-token-file", tokens[i])
 		}
 		if h.profiles != "" {
 			args = append(args, "-memprofile", filepath.Join(h.profiles, ns+".allocs"))
@@ -205,6 +219,28 @@ func (h *statusHarness) run(ctx context.Context, mode string, n int) (statusRun,
 		r.Lists[res] = int(after[res].lists - before[res].lists)
 	}
 	return r, nil
+}
+
+// applierRules are what an applier's WatchStatus reads in its namespace:
+// its Deployments and, for their status, their ReplicaSets and Pods.
+var applierRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{"apps"}, Resources: []string{"deployments", "replicasets"}, Verbs: []string{"list", "watch"}},
+	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+}
+
+// applierToken gives the applier of ns a ServiceAccount allowed
+// applierRules there and writes a token of it for informerd to a file.
+func (h *statusHarness) applierToken(ctx context.Context, admin *kubernetes.Clientset, ns string) (string, error) {
+	const name = "applier"
+	token, err := controlplane.ServiceAccountToken(ctx, admin, ns, name, "informerd")
+	if err != nil {
+		return "", err
+	}
+	if err := controlplane.Grant(ctx, admin, ns, name, ns, applierRules...); err != nil {
+		return "", err
+	}
+	path := filepath.Join(h.tokens, ns)
+	return path, os.WriteFile(path, []byte(token), 0o600)
 }
 
 // sample records the run's peak watches per resource and the daemon's
