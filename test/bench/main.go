@@ -170,10 +170,26 @@ func commandLine() string {
 	if os.Getenv("BENCH_QUICK") == "1" {
 		cmd = "make bench BENCH_QUICK=1"
 	}
-	if len(os.Args) > 1 {
-		cmd += " BENCH_FLAGS='" + strings.Join(os.Args[1:], " ") + "'"
+	return makeCommand(cmd, "BENCH_FLAGS", os.Args[1:])
+}
+
+// makeCommand is the make command line that runs the harness with args:
+// cmd, then variable='args' without the -bin the Makefile passes.
+func makeCommand(cmd, variable string, args []string) string {
+	var user []string
+	for i := 0; i < len(args); i++ {
+		switch {
+		case args[i] == "-bin" || args[i] == "--bin":
+			i++ // and its value
+		case strings.HasPrefix(args[i], "-bin=") || strings.HasPrefix(args[i], "--bin="):
+		default:
+			user = append(user, args[i])
+		}
 	}
-	return cmd
+	if len(user) == 0 {
+		return cmd
+	}
+	return cmd + " " + variable + "='" + strings.Join(user, " ") + "'"
 }
 
 // machine describes where the numbers come from.

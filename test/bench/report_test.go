@@ -66,3 +66,18 @@ func TestProcReaders(t *testing.T) {
 		t.Errorf("parseInts = %v, %v", got, err)
 	}
 }
+
+func TestMakeCommand(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-bin", "/x/bin"}, "make bench-idle"},
+		{[]string{"-bin", "/x/bin", "-streams", "10"}, "make bench-idle BENCH_IDLE_FLAGS='-streams 10'"},
+		{[]string{"-window=5s", "-bin=/x/bin"}, "make bench-idle BENCH_IDLE_FLAGS='-window=5s'"},
+	} {
+		if got := makeCommand("make bench-idle", "BENCH_IDLE_FLAGS", tc.args); got != tc.want {
+			t.Errorf("makeCommand(%q) = %q, want %q", tc.args, got, tc.want)
+		}
+	}
+}

@@ -115,7 +115,7 @@ func runStatusBench(args []string) error {
 		return err
 	}
 	defer os.RemoveAll(h.tokens)
-	rep := statusReport{Machine: describeMachine(cp), Workload: w, Command: "make bench-status BENCH_STATUS_FLAGS='" + strings.Join(args, " ") + "'"}
+	rep := statusReport{Machine: describeMachine(cp), Workload: w, Command: makeCommand("make bench-status", "BENCH_STATUS_FLAGS", args)}
 	for _, n := range w.Appliers {
 		for _, mode := range w.Modes {
 			say("run: %s, %d appliers of %d Deployments", mode, n, w.Deployments)
