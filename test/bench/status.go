@@ -54,8 +54,14 @@ type statusRun struct {
 	Lists       map[string]int `json:"lists"`
 	PeakWatches map[string]int `json:"peakWatches"`
 	// DaemonPeakRSS is informerd's peak resident set during the run (a
-	// daemon started for the run; 0 in direct mode).
+	// daemon started for the run; 0 in the other modes).
 	DaemonPeakRSS uint64 `json:"daemonPeakRSSBytes"`
+	// DaemonCPUSeconds is informerd's CPU time (utime+stime) from starting
+	// the appliers until the last one is done; also per second of that
+	// and per Deployment applied.
+	DaemonCPUSeconds             float64 `json:"daemonCpuSeconds,omitempty"`
+	DaemonCPUPerSecond           float64 `json:"daemonCpuSecondsPerSecond,omitempty"`
+	DaemonCPUMillisPerDeployment float64 `json:"daemonCpuMillisPerDeployment,omitempty"`
 }
 
 type statusReport struct {
@@ -169,8 +175,9 @@ func (h *statusHarness) run(ctx context.Context, mode string, n int) (statusRun,
 		return r, err
 	}
 	var (
-		d      *daemon
-		tokens = make([]string, n)
+		d       *daemon
+		daemon0 float64
+		tokens  = make([]string, n)
 	)
 	if mode == applierInformerd {
 		for i, ns := range namespaces {
@@ -182,6 +189,9 @@ func (h *statusHarness) run(ctx context.Context, mode string, n int) (statusRun,
 			return r, err
 		}
 		defer d.stop()
+		if daemon0, err = d.cpu(); err != nil {
+			return r, err
+		}
 	}
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	var sampled sync.WaitGroup
@@ -210,6 +220,15 @@ func (h *statusHarness) run(ctx context.Context, mode string, n int) (statusRun,
 	sampled.Wait()
 	if err != nil {
 		return r, err
+	}
+	if d != nil {
+		daemon1, err := d.cpu()
+		if err != nil {
+			return r, err
+		}
+		r.DaemonCPUSeconds = daemon1 - daemon0
+		r.DaemonCPUPerSecond = r.DaemonCPUSeconds / r.WallSeconds
+		r.DaemonCPUMillisPerDeployment = r.DaemonCPUSeconds * 1e3 / float64(n*h.w.Deployments)
 	}
 	after, err := apiCounts(ctx, admin)
 	if err != nil {
@@ -332,7 +351,7 @@ func (r *statusReport) print(w io.Writer) {
 		r.Machine.CPU, r.Machine.CPUs, r.Machine.MemoryGiB, r.Machine.GoVersion, r.Machine.Kubernetes,
 		r.Workload.Deployments, r.Workload.ApplierQPS, r.Workload.ControllerQPS)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tappliers\twall s\tapplier wall s (max)\tapplier peak RSS MiB (max)\tapplier alloc MiB (mean)\tapplier mallocs (mean)\tLISTs deploy/rs/pods\tpeak watches deploy/rs/pods\tdaemon peak RSS MiB\t")
+	fmt.Fprintln(tw, "mode\tappliers\twall s\tapplier wall s (max)\tapplier peak RSS MiB (max)\tapplier alloc MiB (mean)\tapplier mallocs (mean)\tLISTs deploy/rs/pods\tpeak watches deploy/rs/pods\tdaemon peak RSS MiB\tdaemon CPU s\tdaemon CPU s/s\tdaemon CPU ms/Deployment\t")
 	for _, run := range r.Runs {
 		var wall, rss float64
 		var alloc, mallocs float64
@@ -341,8 +360,12 @@ func (r *statusReport) print(w io.Writer) {
 			alloc += float64(res.TotalAlloc) / (1 << 20) / float64(len(run.Results))
 			mallocs += float64(res.Mallocs) / float64(len(run.Results))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%s\t%s\t%.1f\t\n", run.Mode, run.Appliers, run.WallSeconds, wall, rss, alloc, mallocs,
-			joinCounts(run.Lists), joinCounts(run.PeakWatches), float64(run.DaemonPeakRSS)/(1<<20))
+		daemon := "-\t-\t-\t-"
+		if run.Mode == applierInformerd {
+			daemon = fmt.Sprintf("%.1f\t%.2f\t%.2f\t%.1f", float64(run.DaemonPeakRSS)/(1<<20), run.DaemonCPUSeconds, run.DaemonCPUPerSecond, run.DaemonCPUMillisPerDeployment)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%s\t%s\t%s\t\n", run.Mode, run.Appliers, run.WallSeconds, wall, rss, alloc, mallocs,
+			joinCounts(run.Lists), joinCounts(run.PeakWatches), daemon)
 	}
 	_ = tw.Flush()
 }
