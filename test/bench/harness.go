@@ -531,7 +531,10 @@ type daemon struct {
 	once    sync.Once
 }
 
-func startDaemon(ctx context.Context, bin, kubeconfig string) (*daemon, error) {
+// startDaemon starts informerd against kubeconfig as the benchmarks run
+// it (authentication on, pprof for forced GCs), with extra flags after
+// those.
+func startDaemon(ctx context.Context, bin, kubeconfig string, extra ...string) (*daemon, error) {
 	dir, err := os.MkdirTemp("", "informerd-bench-")
 	if err != nil {
 		return nil, err
@@ -543,7 +546,8 @@ func startDaemon(ctx context.Context, bin, kubeconfig string) (*daemon, error) {
 	addr := l.Addr().String()
 	l.Close()
 	d := &daemon{dir: dir, socket: filepath.Join(dir, "informerd.sock"), metrics: "http://" + addr}
-	d.cmd = exec.Command(bin, "-kubeconfig", kubeconfig, "-socket", d.socket, "-metrics-address", addr, "-enable-pprof", "-log-level", "warn")
+	args := append([]string{"-kubeconfig", kubeconfig, "-socket", d.socket, "-metrics-address", addr, "-enable-pprof", "-log-level", "warn"}, extra...)
+	d.cmd = exec.Command(bin, args...)
 	d.cmd.Stdout, d.cmd.Stderr = os.Stderr, os.Stderr
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := d.cmd.Start(); err != nil {

@@ -9,6 +9,11 @@
 // `bench status` measures cli-utils appliers waiting for their Deployments
 // through informerd's WatchStatus vs through cli-utils' DefaultStatusWatcher
 // (status.go); `bench applier ...` is the role of one applier process.
+//
+// `bench idle` measures what idle Watch, WatchStatus and WatchAddress
+// streams cost the daemon: CPU, goroutines and memory while nothing
+// changes (idle.go); `bench idler ...` is the role of one process holding
+// such streams.
 package main
 
 import (
@@ -39,6 +44,10 @@ func main() {
 		err = runStatusBench(os.Args[2:])
 	case len(os.Args) > 1 && os.Args[1] == "applier":
 		err = runApplier(os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "idle":
+		err = runIdleBench(os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "idler":
+		err = runIdler(os.Args[2:])
 	default:
 		err = run()
 	}
