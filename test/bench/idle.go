@@ -86,7 +86,7 @@ type idleRun struct {
 	// after the window); per stream is from First to All over the streams
 	// the other processes opened (from Empty with one process).
 	Empty               daemonState `json:"empty"`
-	First               daemonState `json:"first"`
+	First               daemonState `json:"first,omitzero"`
 	All                 daemonState `json:"all"`
 	GoroutinesPerStream float64     `json:"goroutinesPerStream,omitempty"`
 	HeapBytesPerStream  float64     `json:"heapBytesPerStream,omitempty"`
