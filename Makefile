@@ -113,6 +113,14 @@ bench-status: controlplane build ## cli-utils appliers waiting through informerd
 	$(GO) build -o $(BIN)/bench ./test/bench
 	$(BIN)/bench status -bin $(BIN) $(BENCH_STATUS_FLAGS)
 
+# BENCH_IDLE_FLAGS go to `bench idle` (e.g. BENCH_IDLE_FLAGS="-streams 100 -window 20s -kinds baseline,status").
+BENCH_IDLE_FLAGS ?=
+
+.PHONY: bench-idle
+bench-idle: controlplane build ## Daemon CPU, goroutines and memory of 1,000 idle Watch, WatchStatus and WatchAddress streams (each, and none) over a 60 s window.
+	$(GO) build -o $(BIN)/bench ./test/bench
+	$(BIN)/bench idle -bin $(BIN) $(BENCH_IDLE_FLAGS)
+
 .PHONY: bench-go
 bench-go: ## The Go benchmarks (fan-out over Unix sockets vs the raw baseline, the cache, address answers) with -benchmem.
 	$(GO) test -run '^$$' -bench '$(BENCH_GO)' -benchmem -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) ./daemon ./cache ./client ./address

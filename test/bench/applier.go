@@ -58,6 +58,7 @@ func runApplier(args []string) error {
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the control plane")
 	mode := fs.String("mode", applierDirect, "apply-only, direct or informerd")
 	socket := fs.String("socket", "", "informerd's socket (mode informerd)")
+	tokenFile := fs.String("token-file", "", "the applier's ServiceAccount token for informerd's audience (mode informerd)")
 	namespace := fs.String("namespace", "", "namespace to apply into")
 	n := fs.Int("deployments", 100, "Deployments to apply")
 	qps := fs.Float64("qps", 100, "the applier's client QPS (burst twice that), as a CLI would set it")
@@ -92,7 +93,7 @@ func runApplier(args []string) error {
 		b, wait = b.WithStatusWatcher(watcher.BlindStatusWatcher{}), time.Nanosecond
 	case applierDirect:
 	case applierInformerd:
-		c, err := client.Dial(*socket)
+		c, err := client.Dial(*socket, client.WithTokenFile(*tokenFile))
 		if err != nil {
 			return err
 		}

@@ -243,11 +243,19 @@ type runResult struct {
 	DaemonLists         int     `json:"daemonLists,omitempty"`
 	DaemonWatches       int     `json:"daemonWatches,omitempty"`
 	APIServerCPUSeconds float64 `json:"apiserverCpuSeconds"`
-	// Node cost: every client process plus the daemon.
+	// Node cost: every client process plus the daemon, at the end of the
+	// run (every delivery made).
 	NodeCPUSeconds   float64 `json:"nodeCpuSeconds"`
 	NodeRSSBytes     uint64  `json:"nodeRssBytes"`
 	DaemonCPUSeconds float64 `json:"daemonCpuSeconds,omitempty"`
 	DaemonRSSBytes   uint64  `json:"daemonRssBytes,omitempty"`
+	// The daemon's CPU seconds (utime+stime) by phase, so that a loop
+	// that spins cannot hide in a total: per minute over IdleWindow with
+	// every client synced and nothing changing; over the updates (first
+	// write to every client's last delivery), in all and per delivery.
+	DaemonIdleCPUSecondsPerMinute float64 `json:"daemonIdleCpuSecondsPerMinute,omitempty"`
+	DaemonUpdatesCPUSeconds       float64 `json:"daemonUpdatesCpuSeconds,omitempty"`
+	DaemonCPUMicrosPerDelivery    float64 `json:"daemonCpuMicrosPerDelivery,omitempty"`
 	// DaemonHeapLiveBytes is the daemon's live heap (go_gc_heap_live_bytes)
 	// with every client synced; DaemonHeapPerObject subtracts its live heap
 	// before any client came.
@@ -336,23 +344,19 @@ func (h *harness) runOnce(ctx context.Context, mode string, n int) (runResult, e
 		r.DaemonHeapPerObject = float64(int64(live)-int64(heapBase)) / float64(h.w.ConfigMaps+h.w.Pods)
 	}
 
+	var updatesCPU0 float64
+	if d != nil {
+		if r.DaemonIdleCPUSecondsPerMinute, err = idleCPU(ctx, d, h.w.IdleWindow); err != nil {
+			return r, err
+		}
+		if updatesCPU0, err = d.cpu(); err != nil {
+			return r, err
+		}
+	}
+
 	writeStart := time.Now()
 	if err := h.writeUpdates(ctx, admin); err != nil {
 		return r, err
-	}
-	if d != nil {
-		b, err := scrape(ctx, d.metrics+"/metrics", h.scraper)
-		if err != nil {
-			return r, err
-		}
-		r.DaemonLists = int(metricSum(b, "informerd_upstream_lists_total"))
-		r.DaemonWatches = int(metricSum(b, "informerd_upstream_watches_total"))
-		if r.DaemonCPUSeconds, err = procCPUSeconds(d.pid()); err != nil {
-			return r, err
-		}
-		if r.DaemonRSSBytes, err = procRSS(d.pid()); err != nil {
-			return r, err
-		}
 	}
 	var (
 		lat     []int64
@@ -360,7 +364,6 @@ func (h *harness) runOnce(ctx context.Context, mode string, n int) (runResult, e
 		perObj  []float64
 		lastEvt int64
 	)
-	r.NodeCPUSeconds, r.NodeRSSBytes = r.DaemonCPUSeconds, r.DaemonRSSBytes
 	for _, p := range procs {
 		res, err := p.result()
 		if err != nil {
@@ -374,6 +377,26 @@ func (h *harness) runOnce(ctx context.Context, mode string, n int) (runResult, e
 		lastEvt = max(lastEvt, res.LastEventUnix)
 		r.NodeCPUSeconds += res.CPUSeconds
 		r.NodeRSSBytes += res.RSSBytes
+	}
+	if d != nil { // every client has reported: the deliveries are done
+		b, err := scrape(ctx, d.metrics+"/metrics", h.scraper)
+		if err != nil {
+			return r, err
+		}
+		r.DaemonLists = int(metricSum(b, "informerd_upstream_lists_total"))
+		r.DaemonWatches = int(metricSum(b, "informerd_upstream_watches_total"))
+		if r.DaemonCPUSeconds, err = d.cpu(); err != nil {
+			return r, err
+		}
+		if r.DaemonRSSBytes, err = procRSS(d.pid()); err != nil {
+			return r, err
+		}
+		r.DaemonUpdatesCPUSeconds = r.DaemonCPUSeconds - updatesCPU0
+		if len(lat) > 0 {
+			r.DaemonCPUMicrosPerDelivery = r.DaemonUpdatesCPUSeconds * 1e6 / float64(len(lat))
+		}
+		r.NodeCPUSeconds += r.DaemonCPUSeconds
+		r.NodeRSSBytes += r.DaemonRSSBytes
 	}
 	r.Deliveries = len(lat)
 	r.Missed = h.w.Updates*n - len(lat)
@@ -456,6 +479,36 @@ func upstreamCounts(ctx context.Context, admin *kubernetes.Clientset) (counts, e
 	return c, nil
 }
 
+// idleCPU returns the daemon's CPU seconds per minute over window, in
+// which the harness changes nothing.
+func idleCPU(ctx context.Context, d *daemon, window time.Duration) (float64, error) {
+	cpu0, err := d.cpu()
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := sleep(ctx, window); err != nil {
+		return 0, err
+	}
+	cpu1, err := d.cpu()
+	if err != nil {
+		return 0, err
+	}
+	return (cpu1 - cpu0) * 60 / time.Since(start).Seconds(), nil
+}
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
 // waitWatchesGone waits until the API server holds no more watches of the
 // watched resources than it did before a run.
 func waitWatchesGone(ctx context.Context, admin *kubernetes.Clientset, baseline float64) error {
@@ -478,7 +531,10 @@ type daemon struct {
 	once    sync.Once
 }
 
-func startDaemon(ctx context.Context, bin, kubeconfig string) (*daemon, error) {
+// startDaemon starts informerd against kubeconfig as the benchmarks run
+// it (authentication on, pprof for forced GCs), with extra flags after
+// those.
+func startDaemon(ctx context.Context, bin, kubeconfig string, extra ...string) (*daemon, error) {
 	dir, err := os.MkdirTemp("", "informerd-bench-")
 	if err != nil {
 		return nil, err
@@ -490,7 +546,8 @@ func startDaemon(ctx context.Context, bin, kubeconfig string) (*daemon, error) {
 	addr := l.Addr().String()
 	l.Close()
 	d := &daemon{dir: dir, socket: filepath.Join(dir, "informerd.sock"), metrics: "http://" + addr}
-	d.cmd = exec.Command(bin, "-kubeconfig", kubeconfig, "-socket", d.socket, "-metrics-address", addr, "-enable-pprof", "-log-level", "warn")
+	args := append([]string{"-kubeconfig", kubeconfig, "-socket", d.socket, "-metrics-address", addr, "-enable-pprof", "-log-level", "warn"}, extra...)
+	d.cmd = exec.Command(bin, args...)
 	d.cmd.Stdout, d.cmd.Stderr = os.Stderr, os.Stderr
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := d.cmd.Start(); err != nil {
@@ -508,6 +565,9 @@ func startDaemon(ctx context.Context, bin, kubeconfig string) (*daemon, error) {
 }
 
 func (d *daemon) pid() int { return d.cmd.Process.Pid }
+
+// cpu returns the daemon's CPU seconds (user+system) so far.
+func (d *daemon) cpu() (float64, error) { return procCPUSeconds(d.pid()) }
 
 // heapLive forces two GCs in the daemon (heap profiles with gc=1) and
 // returns the live heap the second found. One is not enough: a GC moves

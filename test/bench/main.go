@@ -9,6 +9,11 @@
 // `bench status` measures cli-utils appliers waiting for their Deployments
 // through informerd's WatchStatus vs through cli-utils' DefaultStatusWatcher
 // (status.go); `bench applier ...` is the role of one applier process.
+//
+// `bench idle` measures what idle Watch, WatchStatus and WatchAddress
+// streams cost the daemon: CPU, goroutines and memory while nothing
+// changes (idle.go); `bench idler ...` is the role of one process holding
+// such streams.
 package main
 
 import (
@@ -39,6 +44,10 @@ func main() {
 		err = runStatusBench(os.Args[2:])
 	case len(os.Args) > 1 && os.Args[1] == "applier":
 		err = runApplier(os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "idle":
+		err = runIdleBench(os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "idler":
+		err = runIdler(os.Args[2:])
 	default:
 		err = run()
 	}
@@ -58,13 +67,17 @@ type workload struct {
 	Clients    []int         `json:"clients"`
 	Modes      []string      `json:"modes"`
 	Timeout    time.Duration `json:"-"`
+	// IdleWindow is how long the daemon's CPU is measured with every
+	// client synced, before the updates.
+	IdleWindow        time.Duration `json:"-"`
+	IdleWindowSeconds float64       `json:"idleWindowSeconds"`
 }
 
 func run() error {
 	quick := os.Getenv("BENCH_QUICK") == "1"
-	w := workload{ConfigMaps: 10000, ObjectSize: 1024, Pods: 5000, Updates: 3000, Rate: 100, Clients: []int{1, 10, 50}}
+	w := workload{ConfigMaps: 10000, ObjectSize: 1024, Pods: 5000, Updates: 3000, Rate: 100, Clients: []int{1, 10, 50}, IdleWindow: 5 * time.Second}
 	if quick {
-		w = workload{ConfigMaps: 1000, ObjectSize: 1024, Pods: 500, Updates: 300, Rate: 100, Clients: []int{1, 10}}
+		w = workload{ConfigMaps: 1000, ObjectSize: 1024, Pods: 500, Updates: 300, Rate: 100, Clients: []int{1, 10}, IdleWindow: 5 * time.Second}
 	}
 	bin := flag.String("bin", "_output/bin", "directory with the informerd binary")
 	out := flag.String("out", "_output/bench/results.json", "where to write the results as JSON")
@@ -76,7 +89,9 @@ func run() error {
 	clients := flag.String("clients", joinInts(w.Clients), "comma-separated numbers of client processes")
 	modeList := flag.String("modes", strings.Join(modes, ","), "comma-separated modes to run")
 	flag.DurationVar(&w.Timeout, "timeout", 10*time.Minute, "longest wait for the clients of one run to sync")
+	flag.DurationVar(&w.IdleWindow, "idle-window", w.IdleWindow, "how long the daemon's CPU is measured with every client synced and nothing changing, before the updates")
 	flag.Parse()
+	w.IdleWindowSeconds = w.IdleWindow.Seconds()
 	var err error
 	if w.Clients, err = parseInts(*clients); err != nil {
 		return fmt.Errorf("-clients: %w", err)
@@ -87,8 +102,8 @@ func run() error {
 			return fmt.Errorf("-modes: unknown mode %q (want one of %s)", m, strings.Join(modes, ", "))
 		}
 	}
-	if w.ConfigMaps < 1 || w.Updates < 1 || w.Rate < 1 || w.Pods < 0 {
-		return errors.New("-configmaps, -updates and -rate must be at least 1, -pods at least 0")
+	if w.ConfigMaps < 1 || w.Updates < 1 || w.Rate < 1 || w.Pods < 0 || w.IdleWindow <= 0 {
+		return errors.New("-configmaps, -updates and -rate must be at least 1, -pods at least 0, -idle-window positive")
 	}
 	informerd, self, err := binaries(*bin)
 	if err != nil {
@@ -170,10 +185,26 @@ func commandLine() string {
 	if os.Getenv("BENCH_QUICK") == "1" {
 		cmd = "make bench BENCH_QUICK=1"
 	}
-	if len(os.Args) > 1 {
-		cmd += " BENCH_FLAGS='" + strings.Join(os.Args[1:], " ") + "'"
+	return makeCommand(cmd, "BENCH_FLAGS", os.Args[1:])
+}
+
+// makeCommand is the make command line that runs the harness with args:
+// cmd, then variable='args' without the -bin the Makefile passes.
+func makeCommand(cmd, variable string, args []string) string {
+	var user []string
+	for i := 0; i < len(args); i++ {
+		switch {
+		case args[i] == "-bin" || args[i] == "--bin":
+			i++ // and its value
+		case strings.HasPrefix(args[i], "-bin=") || strings.HasPrefix(args[i], "--bin="):
+		default:
+			user = append(user, args[i])
+		}
 	}
-	return cmd
+	if len(user) == 0 {
+		return cmd
+	}
+	return cmd + " " + variable + "='" + strings.Join(user, " ") + "'"
 }
 
 // machine describes where the numbers come from.

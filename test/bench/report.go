@@ -79,10 +79,10 @@ func (r *report) print(w io.Writer) {
 	m := r.Machine
 	fmt.Fprintf(w, "\nmachine: %s, %d CPUs, %d GiB, %s, Kubernetes %s, %s\n", m.CPU, m.CPUs, m.MemoryGiB, m.GoVersion, m.Kubernetes, m.Date)
 	wl := r.Workload
-	fmt.Fprintf(w, "workload: %d ConfigMaps of %d B + %d Pods; %d updates at %d/s; command: %s\n\n",
-		wl.ConfigMaps, wl.ObjectSize, wl.Pods, wl.Updates, wl.Rate, r.Command)
+	fmt.Fprintf(w, "workload: %d ConfigMaps of %d B + %d Pods; %d updates at %d/s; daemon idle CPU over %s after sync; command: %s\n\n",
+		wl.ConfigMaps, wl.ObjectSize, wl.Pods, wl.Updates, wl.Rate, wl.IdleWindow, r.Command)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tN\tLISTs\tWATCHes\tdaemon L+W\tapiserver CPU s\tnode CPU s\tnode RSS MiB\tsync s (median)\tp50 ms\tp99 ms\tdelivered/s\tmissed\tclient heap B/obj\tdaemon heap B/obj\t")
+	fmt.Fprintln(tw, "mode\tN\tLISTs\tWATCHes\tdaemon L+W\tapiserver CPU s\tnode CPU s\tnode RSS MiB\tdaemon CPU s\tdaemon idle CPU s/min\tdaemon CPU s updates\tdaemon CPU us/delivery\tsync s (median)\tp50 ms\tp99 ms\tdelivered/s\tmissed\tclient heap B/obj\tdaemon heap B/obj\t")
 	for _, x := range r.Runs {
 		daemonHeap := "-"
 		if !strings.HasPrefix(x.Mode, "direct") {
@@ -92,13 +92,15 @@ func (r *report) print(w io.Writer) {
 		if x.Mode == modeNoStore {
 			clientHeap = "-"
 		}
-		daemonLW := "-"
+		daemonLW, daemonCPU := "-", []string{"-", "-", "-", "-"}
 		if !strings.HasPrefix(x.Mode, "direct") {
 			daemonLW = fmt.Sprintf("%d+%d", x.DaemonLists, x.DaemonWatches)
+			daemonCPU = []string{fmt.Sprintf("%.2f", x.DaemonCPUSeconds), fmt.Sprintf("%.2f", x.DaemonIdleCPUSecondsPerMinute),
+				fmt.Sprintf("%.2f", x.DaemonUpdatesCPUSeconds), fmt.Sprintf("%.0f", x.DaemonCPUMicrosPerDelivery)}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%.1f\t%.1f\t%.0f\t%.2f\t%.1f\t%.1f\t%.0f\t%d\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%.1f\t%.1f\t%.0f\t%s\t%.2f\t%.1f\t%.1f\t%.0f\t%d\t%s\t%s\t\n",
 			x.Mode, x.Clients, x.UpstreamLists, x.UpstreamWatches, daemonLW, x.APIServerCPUSeconds, x.NodeCPUSeconds,
-			float64(x.NodeRSSBytes)/(1<<20), x.SyncSecondsMedian, x.LatencyP50Millis, x.LatencyP99Millis,
+			float64(x.NodeRSSBytes)/(1<<20), strings.Join(daemonCPU, "\t"), x.SyncSecondsMedian, x.LatencyP50Millis, x.LatencyP99Millis,
 			x.EventsPerS, x.Missed, clientHeap, daemonHeap)
 	}
 	tw.Flush()

@@ -66,3 +66,56 @@ func TestProcReaders(t *testing.T) {
 		t.Errorf("parseInts = %v, %v", got, err)
 	}
 }
+
+func TestIdleRunDerive(t *testing.T) {
+	for _, tc := range []struct {
+		name                          string
+		run                           idleRun
+		cpuPerMin, goroutines, heapPS float64
+	}{
+		{
+			name:      "baseline: per minute only",
+			run:       idleRun{WindowSeconds: 30, DaemonCPUSeconds: 0.5},
+			cpuPerMin: 1,
+		},
+		{
+			// The first process opened 334 of 1,000 streams (ceil); the
+			// other 666 are what the figures divide by.
+			name: "from the first process's streams to all",
+			run: idleRun{Streams: 1000, Processes: 3, WindowSeconds: 60, DaemonCPUSeconds: 60,
+				Empty: daemonState{Goroutines: 10}, First: daemonState{Goroutines: 1010, HeapLiveBytes: 1 << 20},
+				All: daemonState{Goroutines: 1010 + 2*666, HeapLiveBytes: 1<<20 + 666*4096}},
+			cpuPerMin: 60, goroutines: 2, heapPS: 4096,
+		},
+		{
+			name: "one process: from no streams",
+			run: idleRun{Streams: 100, Processes: 1, WindowSeconds: 60,
+				Empty: daemonState{Goroutines: 10, HeapLiveBytes: 1000}, All: daemonState{Goroutines: 310, HeapLiveBytes: 1000 + 100*500}},
+			goroutines: 3, heapPS: 500,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := tc.run
+			r.derive()
+			if r.DaemonCPUSecondsPerMinute != tc.cpuPerMin || r.GoroutinesPerStream != tc.goroutines || r.HeapBytesPerStream != tc.heapPS {
+				t.Errorf("CPU s/min %v, goroutines/stream %v, heap B/stream %v; want %v, %v, %v",
+					r.DaemonCPUSecondsPerMinute, r.GoroutinesPerStream, r.HeapBytesPerStream, tc.cpuPerMin, tc.goroutines, tc.heapPS)
+			}
+		})
+	}
+}
+
+func TestMakeCommand(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-bin", "/x/bin"}, "make bench-idle"},
+		{[]string{"-bin", "/x/bin", "-streams", "10"}, "make bench-idle BENCH_IDLE_FLAGS='-streams 10'"},
+		{[]string{"-window=5s", "-bin=/x/bin"}, "make bench-idle BENCH_IDLE_FLAGS='-window=5s'"},
+	} {
+		if got := makeCommand("make bench-idle", "BENCH_IDLE_FLAGS", tc.args); got != tc.want {
+			t.Errorf("makeCommand(%q) = %q, want %q", tc.args, got, tc.want)
+		}
+	}
+}

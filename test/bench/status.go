@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -53,8 +54,14 @@ type statusRun struct {
 	Lists       map[string]int `json:"lists"`
 	PeakWatches map[string]int `json:"peakWatches"`
 	// DaemonPeakRSS is informerd's peak resident set during the run (a
-	// daemon started for the run; 0 in direct mode).
+	// daemon started for the run; 0 in the other modes).
 	DaemonPeakRSS uint64 `json:"daemonPeakRSSBytes"`
+	// DaemonCPUSeconds is informerd's CPU time (utime+stime) from starting
+	// the appliers until the last one is done; also per second of that
+	// and per Deployment applied.
+	DaemonCPUSeconds             float64 `json:"daemonCpuSeconds,omitempty"`
+	DaemonCPUPerSecond           float64 `json:"daemonCpuSecondsPerSecond,omitempty"`
+	DaemonCPUMillisPerDeployment float64 `json:"daemonCpuMillisPerDeployment,omitempty"`
 }
 
 type statusReport struct {
@@ -110,7 +117,11 @@ func runStatusBench(args []string) error {
 	}
 	defer cp.Stop()
 	h := &statusHarness{cp: cp, w: w, self: self, informerd: informerd, timeout: *timeout, profiles: *profiles}
-	rep := statusReport{Machine: describeMachine(cp), Workload: w, Command: "make bench-status BENCH_STATUS_FLAGS='" + strings.Join(args, " ") + "'"}
+	if h.tokens, err = os.MkdirTemp("", "informerd-bench-tokens-"); err != nil {
+		return err
+	}
+	defer os.RemoveAll(h.tokens)
+	rep := statusReport{Machine: describeMachine(cp), Workload: w, Command: makeCommand("make bench-status", "BENCH_STATUS_FLAGS", args)}
 	for _, n := range w.Appliers {
 		for _, mode := range w.Modes {
 			say("run: %s, %d appliers of %d Deployments", mode, n, w.Deployments)
@@ -132,6 +143,7 @@ type statusHarness struct {
 	informerd string
 	timeout   time.Duration
 	profiles  string // directory for the appliers' allocation profiles, or ""
+	tokens    string // directory for the appliers' token files
 	runs      int
 }
 
@@ -162,12 +174,24 @@ func (h *statusHarness) run(ctx context.Context, mode string, n int) (statusRun,
 	if err != nil {
 		return r, err
 	}
-	var d *daemon
+	var (
+		d       *daemon
+		daemon0 float64
+		tokens  = make([]string, n)
+	)
 	if mode == applierInformerd {
+		for i, ns := range namespaces {
+			if tokens[i], err = h.applierToken(ctx, admin, ns); err != nil {
+				return r, err
+			}
+		}
 		if d, err = startDaemon(ctx, h.informerd, h.cp.KubeconfigPath); err != nil {
 			return r, err
 		}
 		defer d.stop()
+		if daemon0, err = d.cpu(); err != nil {
+			return r, err
+		}
 	}
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	var sampled sync.WaitGroup
@@ -183,7 +207,7 @@ func (h *statusHarness) run(ctx context.Context, mode string, n int) (statusRun,
 		args := []string{"applier", "-kubeconfig", h.cp.KubeconfigPath, "-mode", mode, "-namespace", ns,
 			"-deployments", strconv.Itoa(h.w.Deployments), "-qps", strconv.FormatFloat(h.w.ApplierQPS, 'f', -1, 64), "-timeout", h.timeout.String()}
 		if d != nil {
-			args = append(args, "-socket", d.socket)
+			args = append(args, "-socket", d.socket, "-token-file", tokens[i])
 		}
 		if h.profiles != "" {
 			args = append(args, "-memprofile", filepath.Join(h.profiles, ns+".allocs"))
@@ -197,6 +221,15 @@ func (h *statusHarness) run(ctx context.Context, mode string, n int) (statusRun,
 	if err != nil {
 		return r, err
 	}
+	if d != nil {
+		daemon1, err := d.cpu()
+		if err != nil {
+			return r, err
+		}
+		r.DaemonCPUSeconds = daemon1 - daemon0
+		r.DaemonCPUPerSecond = r.DaemonCPUSeconds / r.WallSeconds
+		r.DaemonCPUMillisPerDeployment = r.DaemonCPUSeconds * 1e3 / float64(n*h.w.Deployments)
+	}
 	after, err := apiCounts(ctx, admin)
 	if err != nil {
 		return r, err
@@ -205,6 +238,28 @@ func (h *statusHarness) run(ctx context.Context, mode string, n int) (statusRun,
 		r.Lists[res] = int(after[res].lists - before[res].lists)
 	}
 	return r, nil
+}
+
+// applierRules are what an applier's WatchStatus reads in its namespace:
+// its Deployments and, for their status, their ReplicaSets and Pods.
+var applierRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{"apps"}, Resources: []string{"deployments", "replicasets"}, Verbs: []string{"list", "watch"}},
+	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+}
+
+// applierToken gives the applier of ns a ServiceAccount allowed
+// applierRules there and writes a token of it for informerd to a file.
+func (h *statusHarness) applierToken(ctx context.Context, admin *kubernetes.Clientset, ns string) (string, error) {
+	const name = "applier"
+	token, err := controlplane.ServiceAccountToken(ctx, admin, ns, name, "informerd")
+	if err != nil {
+		return "", err
+	}
+	if err := controlplane.Grant(ctx, admin, ns, name, ns, applierRules...); err != nil {
+		return "", err
+	}
+	path := filepath.Join(h.tokens, ns)
+	return path, os.WriteFile(path, []byte(token), 0o600)
 }
 
 // sample records the run's peak watches per resource and the daemon's
@@ -296,7 +351,7 @@ func (r *statusReport) print(w io.Writer) {
 		r.Machine.CPU, r.Machine.CPUs, r.Machine.MemoryGiB, r.Machine.GoVersion, r.Machine.Kubernetes,
 		r.Workload.Deployments, r.Workload.ApplierQPS, r.Workload.ControllerQPS)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tappliers\twall s\tapplier wall s (max)\tapplier peak RSS MiB (max)\tapplier alloc MiB (mean)\tapplier mallocs (mean)\tLISTs deploy/rs/pods\tpeak watches deploy/rs/pods\tdaemon peak RSS MiB\t")
+	fmt.Fprintln(tw, "mode\tappliers\twall s\tapplier wall s (max)\tapplier peak RSS MiB (max)\tapplier alloc MiB (mean)\tapplier mallocs (mean)\tLISTs deploy/rs/pods\tpeak watches deploy/rs/pods\tdaemon peak RSS MiB\tdaemon CPU s\tdaemon CPU s/s\tdaemon CPU ms/Deployment\t")
 	for _, run := range r.Runs {
 		var wall, rss float64
 		var alloc, mallocs float64
@@ -305,8 +360,12 @@ func (r *statusReport) print(w io.Writer) {
 			alloc += float64(res.TotalAlloc) / (1 << 20) / float64(len(run.Results))
 			mallocs += float64(res.Mallocs) / float64(len(run.Results))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%s\t%s\t%.1f\t\n", run.Mode, run.Appliers, run.WallSeconds, wall, rss, alloc, mallocs,
-			joinCounts(run.Lists), joinCounts(run.PeakWatches), float64(run.DaemonPeakRSS)/(1<<20))
+		daemon := "-\t-\t-\t-"
+		if run.Mode == applierInformerd {
+			daemon = fmt.Sprintf("%.1f\t%.2f\t%.2f\t%.1f", float64(run.DaemonPeakRSS)/(1<<20), run.DaemonCPUSeconds, run.DaemonCPUPerSecond, run.DaemonCPUMillisPerDeployment)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%s\t%s\t%s\t\n", run.Mode, run.Appliers, run.WallSeconds, wall, rss, alloc, mallocs,
+			joinCounts(run.Lists), joinCounts(run.PeakWatches), daemon)
 	}
 	_ = tw.Flush()
 }
