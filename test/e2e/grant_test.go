@@ -12,10 +12,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	authorizationv1 "k8s.io/api/authorization/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/informerd/informerd/cache"
 	"github.com/informerd/informerd/client"
@@ -106,19 +103,7 @@ func TestRevokedCallerSpendingItsBudgetIsStillEnded(t *testing.T) {
 	s := openStream(ctx, t, c, client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "revoked"}, "")
 	s.until(ctx, t, "the stream syncs", isType(informerdv1.EventType_EVENT_TYPE_SYNCED))
 
-	admin := kubernetes.NewForConfigOrDie(env.RESTConfig())
-	if err := controlplane.Revoke(ctx, admin, saNs, sa, ns); err != nil {
-		t.Fatal(err)
-	}
-	user := "system:serviceaccount:" + saNs + ":" + sa
-	eventually(ctx, t, "RBAC no longer allows "+user, func() bool {
-		r, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + saNs, "system:authenticated"},
-			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "list", Resource: "configmaps", Namespace: ns},
-		}}, metav1.CreateOptions{})
-		return err == nil && !r.Status.Allowed
-	})
-	revoked := time.Now()
+	user, revoked := revokeConfigMaps(ctx, t, saNs, sa, ns)
 	// The flood: new selectors, each a new access check, until the
 	// caller's budget is spent and it stays spent.
 	floodCtx, stopFlood := context.WithCancel(ctx)

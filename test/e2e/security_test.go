@@ -414,20 +414,7 @@ func TestRevokedPermissionEndsStream(t *testing.T) {
 	s := openStream(ctx, t, c, client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "revoked"}, "")
 	s.until(ctx, t, "the stream syncs", isType(informerdv1.EventType_EVENT_TYPE_SYNCED))
 
-	admin := kubernetes.NewForConfigOrDie(env.RESTConfig())
-	if err := controlplane.Revoke(ctx, admin, saNs, sa, ns); err != nil {
-		t.Fatal(err)
-	}
-	// The RoleBinding is gone when the API server's authorizer says so.
-	user := "system:serviceaccount:" + saNs + ":" + sa
-	eventually(ctx, t, "RBAC no longer allows "+user, func() bool {
-		r, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + saNs, "system:authenticated"},
-			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "list", Resource: "configmaps", Namespace: ns},
-		}}, metav1.CreateOptions{})
-		return err == nil && !r.Status.Allowed
-	})
-	revoked := time.Now()
+	user, revoked := revokeConfigMaps(ctx, t, saNs, sa, ns)
 	err := s.end(ctx, t)
 	took := time.Since(revoked)
 	t.Logf("the stream ended %s after the revocation took effect (allow TTL %s): %v", took.Round(time.Millisecond), ttl, err)
@@ -437,6 +424,26 @@ func TestRevokedPermissionEndsStream(t *testing.T) {
 	if took > ttl+time.Second {
 		t.Fatalf("the stream outlived its revocation by %s, more than the allow TTL %s (+1s)", took, ttl)
 	}
+}
+
+// revokeConfigMaps revokes what the ServiceAccount saNs/sa was granted in
+// ns, waits until the API server's authorizer no longer lets it list
+// configmaps there, and returns its user name and when that was.
+func revokeConfigMaps(ctx context.Context, t *testing.T, saNs, sa, ns string) (user string, revoked time.Time) {
+	t.Helper()
+	admin := kubernetes.NewForConfigOrDie(env.RESTConfig())
+	if err := controlplane.Revoke(ctx, admin, saNs, sa, ns); err != nil {
+		t.Fatal(err)
+	}
+	user = "system:serviceaccount:" + saNs + ":" + sa
+	eventually(ctx, t, "RBAC no longer allows "+user, func() bool {
+		r, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + saNs, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "list", Resource: "configmaps", Namespace: ns},
+		}}, metav1.CreateOptions{})
+		return err == nil && !r.Status.Allowed
+	})
+	return user, time.Now()
 }
 
 // TestSecretsRefusedUnlessOptedIn: Secrets are refused even to a
