@@ -87,13 +87,15 @@ type callerStream struct {
 func (s *callerStream) Context() context.Context { return s.ctx }
 
 // authenticate establishes the caller of ctx: its peer from the transport
-// and, unless InsecureLocalOnly, its user from its bearer token.
+// and, unless InsecureLocalOnly, its user from its bearer token. On
+// success the call's connection counts as authenticated (see Listen).
 func (s *Server) authenticate(ctx context.Context) (context.Context, error) {
 	p := peerOf(ctx)
 	if len(s.opts.AllowedUIDs) > 0 && p.Network == "unix" && (!p.Cred || !slices.Contains(s.opts.AllowedUIDs, p.UID)) {
 		return nil, s.reject(fmt.Errorf("%w: the socket admits only uids %v (allowed-uids); this caller is %s", auth.ErrDenied, s.opts.AllowedUIDs, p))
 	}
 	if s.opts.InsecureLocalOnly {
+		s.conns.authenticated(ctx)
 		return context.WithValue(ctx, callerKey{}, &caller{name: p.Key(), peer: p, log: s.callerLog(p.Key(), p)}), nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
@@ -102,6 +104,7 @@ func (s *Server) authenticate(ctx context.Context) (context.Context, error) {
 	if err != nil {
 		return nil, s.reject(err)
 	}
+	s.conns.authenticated(ctx)
 	token, _ := auth.ParseBearer(values) // Authenticate accepted it
 	return context.WithValue(ctx, callerKey{}, &caller{name: user.Name, user: user, token: token, until: until, peer: p, log: s.callerLog(user.Name, p)}), nil
 }

@@ -86,12 +86,21 @@ type Limits struct {
 	// Unix socket; over TCP every loopback address together, an IPv6 /64,
 	// an IPv4 address). Defaults 2048 and 512.
 	MaxConnections, MaxConnectionsPerPeer int
-	// ConnectionTimeout bounds a new connection's handshake: TLS, the
-	// HTTP/2 preface and settings. Default 10s.
+	// MaxUnauthenticatedConnections bounds, of all peers, the connections
+	// on which no call has passed authentication yet (a token-less health
+	// Check does not): their share of MaxConnections. When it, or
+	// MaxConnections, is reached, a new connection displaces the oldest
+	// unauthenticated connection of the peer that has the most (the new
+	// one counted). Default MaxConnections/4.
+	MaxUnauthenticatedConnections int
+	// ConnectionTimeout bounds a new connection's handshake (TLS, the
+	// HTTP/2 preface and settings) and the time until a call on it passes
+	// authentication: a connection that has made none by then is closed.
+	// Default 10s.
 	ConnectionTimeout time.Duration
 	// MaxConnectionIdle closes a connection that has had no stream for
-	// this long (with a GOAWAY: clients reconnect when they need to),
-	// including one that only ever sent a preface. Default 5m.
+	// this long (with a GOAWAY: clients reconnect when they need to).
+	// Default 5m.
 	MaxConnectionIdle time.Duration
 	// KeepaliveMinTime is the shortest interval at which a client may
 	// ping; a client that pings more often is disconnected. Default 20s.
@@ -111,6 +120,7 @@ func (l *Limits) setDefaults() {
 	def(&l.MaxStreamsPerConnection, 256)
 	def(&l.MaxConnections, 2048)
 	def(&l.MaxConnectionsPerPeer, 512)
+	def(&l.MaxUnauthenticatedConnections, max(1, l.MaxConnections/4))
 	defDur := func(v *time.Duration, d time.Duration) {
 		if *v <= 0 {
 			*v = d

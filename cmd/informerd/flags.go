@@ -125,9 +125,10 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&l.MaxSelectorBytes, "max-selector-bytes", 4<<10, "length of each selector of a request")
 	fs.IntVar(&l.MaxHeaderBytes, "max-header-bytes", 16<<10, "size of a request's metadata, its token included")
 	fs.IntVar(&l.MaxStreamsPerConnection, "max-streams-per-connection", 256, "concurrent streams on one connection (more wait)")
-	fs.IntVar(&l.MaxConnections, "max-connections", 2048, "open connections in all (more are closed at once)")
+	fs.IntVar(&l.MaxConnections, "max-connections", 2048, "open connections in all (beyond, a new one displaces an unauthenticated one, or is closed at once)")
 	fs.IntVar(&l.MaxConnectionsPerPeer, "max-connections-per-peer", 512, "open connections of one peer: a uid on the Unix socket; over TCP an IPv4 address, an IPv6 /64, or all of loopback")
-	fs.DurationVar(&l.ConnectionTimeout, "connection-timeout", 10*time.Second, "time a new connection has for its TLS handshake and HTTP/2 preface")
+	fs.IntVar(&l.MaxUnauthenticatedConnections, "max-unauthenticated-connections", 0, "open connections on which no call has passed authentication yet, of all peers (at most -max-connections); beyond, a new one displaces the oldest of the peer with the most; 0: -max-connections/4")
+	fs.DurationVar(&l.ConnectionTimeout, "connection-timeout", 10*time.Second, "time a new connection has for its TLS handshake and HTTP/2 preface, and to make a call that passes authentication (else it is closed)")
 	fs.DurationVar(&l.MaxConnectionIdle, "max-connection-idle", 5*time.Minute, "a connection without streams for this long is closed (clients reconnect when they need to)")
 	fs.DurationVar(&l.KeepaliveMinTime, "keepalive-min-time", 20*time.Second, "shortest interval at which a client may send keepalive pings; more often closes its connection")
 	if err := fs.Parse(args); err != nil {
@@ -218,6 +219,9 @@ func parseFlags(args []string) (*config, error) {
 		if n.v <= 0 {
 			return nil, fmt.Errorf("%s %v: must be positive", n.flag, n.v)
 		}
+	}
+	if u := l.MaxUnauthenticatedConnections; u < 0 || u > l.MaxConnections {
+		return nil, fmt.Errorf("-max-unauthenticated-connections %d: must be between 1 and -max-connections (%d), or 0 for -max-connections/4", u, l.MaxConnections)
 	}
 	if c.lingerTTL <= 0 {
 		return nil, fmt.Errorf("-linger-ttl %s: must be positive", c.lingerTTL)
