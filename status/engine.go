@@ -232,8 +232,9 @@ func (e *Engine) register(w *Watch) {
 		w.targets = append(w.targets, t)
 	}
 	for _, t := range w.targets {
-		for _, f := range t.feeds() {
-			e.needAccess(w, f)
+		e.needAccess(w, t.feed, false)
+		for _, f := range t.gen {
+			e.needAccess(w, f, true)
 		}
 		e.deliver(w, t)
 	}
@@ -298,8 +299,8 @@ func (e *Engine) grant(w *Watch, access []Access) {
 		}
 	}
 	for _, t := range w.targets {
-		for _, f := range t.feeds() {
-			if f.gvrKnown() && w.access[Access{f.gvr, w.scopeNamespace(f.key.namespace)}] {
+		for i, f := range t.feeds() {
+			if f.gvrKnown() && w.access[w.accessOf(f, i > 0)] {
 				f.grant()
 			}
 		}
@@ -310,11 +311,11 @@ func (e *Engine) grant(w *Watch, access []Access) {
 
 // needAccess reports f's Access to w if f's resource is known and w has not
 // been told yet; if w has granted it already, f may start.
-func (e *Engine) needAccess(w *Watch, f *feed) {
+func (e *Engine) needAccess(w *Watch, f *feed, generated bool) {
 	if !f.gvrKnown() {
 		return
 	}
-	a := Access{f.gvr, w.scopeNamespace(f.key.namespace)}
+	a := w.accessOf(f, generated)
 	granted, reported := w.access[a]
 	switch {
 	case !reported:
@@ -328,11 +329,11 @@ func (e *Engine) needAccess(w *Watch, f *feed) {
 // deliverable reports whether w may receive t's status: w's caller may read
 // every feed of t whose resource exists.
 func (e *Engine) deliverable(w *Watch, t *target) bool {
-	for _, f := range t.feeds() {
+	for i, f := range t.feeds() {
 		if f.state == feedAbsent {
 			continue
 		}
-		if !f.gvrKnown() || !w.access[Access{f.gvr, w.scopeNamespace(f.key.namespace)}] {
+		if !f.gvrKnown() || !w.access[w.accessOf(f, i > 0)] {
 			return false
 		}
 	}
@@ -493,8 +494,15 @@ func (e *Engine) onFeed(m feedMsg) {
 		e.dirtyAll(f)
 	case msgResolved:
 		f.gvr, f.state = m.gvr, feedResolved
-		for w := range e.watchesOf(f) {
-			e.needAccess(w, f)
+		for t := range f.targets {
+			for w := range t.watches {
+				e.needAccess(w, f, false)
+			}
+		}
+		for t := range f.dependents {
+			for w := range t.watches {
+				e.needAccess(w, f, true)
+			}
 		}
 	case msgSubscribed:
 		f.sub, f.state = m.sub, feedSyncing

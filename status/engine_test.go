@@ -466,6 +466,12 @@ func TestScopeStrategy(t *testing.T) {
 		{"root", watcher.RESTScopeRoot, []object.ObjMetadata{cm("a")}, []string{"configmaps in "}},
 		{"namespace", watcher.RESTScopeNamespace, []object.ObjMetadata{cm("a"), cm("b")}, []string{"configmaps in a", "configmaps in b"}},
 		{"generated", watcher.RESTScopeNamespace, []object.ObjMetadata{id(deploymentGK, "a", "d")}, []string{"deployments in a", "pods in a", "replicasets in a"}},
+		// cli-utils lists generated resources in the object's namespace
+		// whatever the strategy: an applier allowed Deployments
+		// cluster-wide and Pods in its namespaces works with it.
+		{"generated, root", watcher.RESTScopeRoot, []object.ObjMetadata{id(deploymentGK, "a", "d")}, []string{"deployments in ", "pods in a", "replicasets in a"}},
+		{"a Pod asked about and generated, root", watcher.RESTScopeRoot, []object.ObjMetadata{id(deploymentGK, "a", "d"), id(podGK, "a", "p")},
+			[]string{"deployments in ", "pods in ", "pods in a", "replicasets in a"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {

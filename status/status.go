@@ -193,6 +193,18 @@ func (w *Watch) poke() {
 	}
 }
 
+// accessOf is the Access through which w reads f: for the objects w
+// asks about, in the namespace its scope strategy gives; for the objects
+// generated from them (a Deployment's ReplicaSets and Pods), in their
+// namespace whatever the strategy, as cli-utils' status readers list
+// generated resources in the object's namespace only.
+func (w *Watch) accessOf(f *feed, generated bool) Access {
+	if generated {
+		return Access{f.gvr, f.key.namespace}
+	}
+	return Access{f.gvr, w.scopeNamespace(f.key.namespace)}
+}
+
 // scopeNamespace is the namespace of the Access through which w reads
 // namespace ns.
 func (w *Watch) scopeNamespace(ns string) string {
