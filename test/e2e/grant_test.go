@@ -236,3 +236,41 @@ func TestNamespaceOfAClusterScopedResourceIsRefused(t *testing.T) {
 		t.Fatalf("upstream watches of nodes went from %d to %d: an informer was started for a namespace's Role", watches, got)
 	}
 }
+
+// TestRootScopeReadsGeneratedResourcesInTheObjectsNamespace: under the
+// root scope strategy a status stream reads the objects' kinds
+// cluster-wide but their generated resources (a Deployment's ReplicaSets
+// and Pods) in the object's namespace, as cli-utils' readers list them:
+// an applier allowed Deployments cluster-wide and ReplicaSets and Pods
+// only in its namespace is served, not refused.
+func TestRootScopeReadsGeneratedResourcesInTheObjectsNamespace(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := createNamespace(ctx, t, "root-generated")
+	d := startDaemon(t, cache.Options{})
+	c := d.dial(t, reads(deployments, ""), reads(schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "replicasets"}, ns),
+		reads(schema.GroupVersionResource{Version: "v1", Resource: "pods"}, ns))
+	s, err := c.API().WatchStatus(ctx, &informerdv1.WatchStatusRequest{
+		Objects:       []*informerdv1.ObjectReference{{Group: "apps", Kind: "Deployment", Namespace: ns, Name: "web"}},
+		ScopeStrategy: informerdv1.ScopeStrategy_SCOPE_STRATEGY_ROOT, ClientName: "root",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []*informerdv1.StatusEvent
+	for synced := false; !synced; {
+		resp, err := s.Recv()
+		if err != nil {
+			t.Fatalf("a root-scope status stream of a Deployment, with ReplicaSets and Pods allowed in its namespace: %v", err)
+		}
+		for _, ev := range resp.GetEvents() {
+			synced = synced || ev.GetType() == informerdv1.StatusEventType_STATUS_EVENT_TYPE_SYNCED
+			if ev.GetStatus() != nil {
+				got = append(got, ev)
+			}
+		}
+	}
+	if len(got) != 1 || got[0].GetStatus().GetStatus() != informerdv1.Status_STATUS_NOT_FOUND {
+		t.Fatalf("statuses %v, want the Deployment NotFound", got)
+	}
+}
