@@ -15,7 +15,6 @@ import (
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -209,18 +208,7 @@ func TestUnauthenticatedConnectionsTimeOut(t *testing.T) {
 				c.health = true
 				c.opts.Limits.ConnectionTimeout, c.opts.Limits.MaxConnectionIdle = timeout, idle
 			})
-			dial := func(name string) *grpc.ClientConn {
-				opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-				if name != "" {
-					opts = append(opts, srv.credentials(name)...)
-				}
-				conn, err := grpc.NewClient("unix://"+srv.socket, opts...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { conn.Close() })
-				return conn
-			}
+			dial := func(name string) *grpc.ClientConn { return grpcConn(t, srv, name) }
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			caller := dial("caller")

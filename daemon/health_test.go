@@ -19,9 +19,10 @@ import (
 	"github.com/informerd/informerd/client"
 )
 
-// healthClient dials the test daemon's socket with gRPC alone, as the
-// caller named name, or without a token if name is "".
-func healthClient(t testing.TB, srv *testServer, name string) healthpb.HealthClient {
+// grpcConn dials the test daemon's socket with gRPC alone, as the caller
+// named name, or without a token if name is ""; it is closed when the
+// test ends.
+func grpcConn(t testing.TB, srv *testServer, name string) *grpc.ClientConn {
 	t.Helper()
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if name != "" {
@@ -32,7 +33,13 @@ func healthClient(t testing.TB, srv *testServer, name string) healthpb.HealthCli
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return healthpb.NewHealthClient(conn)
+	return conn
+}
+
+// healthClient is a health client on its own grpcConn.
+func healthClient(t testing.TB, srv *testServer, name string) healthpb.HealthClient {
+	t.Helper()
+	return healthpb.NewHealthClient(grpcConn(t, srv, name))
 }
 
 // watchHealth opens a health Watch with hc and returns what ends its
