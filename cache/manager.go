@@ -140,6 +140,13 @@ type Manager struct {
 	opts   Options
 	kube   kubernetes.Interface
 	mapper resettableMapper
+	// discovering is held (a one-slot semaphore, so that waiting for it
+	// heeds a context) by whoever decides to forget mapper's discovery;
+	// forgotten, which it guards, is when that was last done.
+	discovering chan struct{}
+	forgotten   time.Time
+	// discovery is the cached discovery that mapper reads; nil in tests.
+	discovery discovery.CachedDiscoveryInterface
 	// shortcuts expands short names (cm, deploy) from mapper's discovery,
 	// as kubectl does; only for a resource mapper does not know, so the
 	// common path never walks discovery. Nil: no short names (tests).
@@ -164,10 +171,8 @@ type Manager struct {
 	// scopeCache remembers whether the daemon may watch a resource
 	// cluster-wide (ScopeAutomatic), for a minute.
 	scopeCache map[schema.GroupVersionResource]scopeDecision
-	// refreshed is when discovery was last forgotten.
-	refreshed time.Time
-	reviews   singleflight.Group // of reviewClusterAccess, by GVR
-	lru       *expirable.LRU[Key, *entry]
+	reviews    singleflight.Group // of reviewClusterAccess, by GVR
+	lru        *expirable.LRU[Key, *entry]
 }
 
 // resettableMapper is a RESTMapper whose cached discovery can be dropped.
@@ -254,6 +259,7 @@ func NewManager(opts Options) (*Manager, error) {
 	}
 	m := newManager(opts, mapper, newUpstream)
 	m.kube = kube
+	m.discovery = cached
 	m.shortcuts = restmapper.NewShortcutExpander(mapper, cached, nil)
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(sourceCollector{m}); err != nil {
@@ -269,12 +275,13 @@ func NewManager(opts Options) (*Manager, error) {
 func newManager(opts Options, mapper resettableMapper, newUpstream func(Key) upstream) *Manager {
 	m := &Manager{
 		opts: opts, mapper: mapper, newUpstream: newUpstream,
-		log:        opts.Logger,
-		metrics:    newMetrics(opts.Registerer),
-		budget:     &logBudget{max: opts.MaxLogBytes},
-		sources:    map[Key]*entry{},
-		owned:      map[string]int{},
-		scopeCache: map[schema.GroupVersionResource]scopeDecision{},
+		discovering: make(chan struct{}, 1),
+		log:         opts.Logger,
+		metrics:     newMetrics(opts.Registerer),
+		budget:      &logBudget{max: opts.MaxLogBytes},
+		sources:     map[Key]*entry{},
+		owned:       map[string]int{},
+		scopeCache:  map[schema.GroupVersionResource]scopeDecision{},
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.lru = expirable.NewLRU[Key, *entry](opts.MaxLingering, m.onEvict, opts.LingerTTL)
@@ -411,89 +418,6 @@ func (m *Manager) running(key Key) bool {
 	defer m.mu.Unlock()
 	e := m.sources[key]
 	return e != nil && !e.src.stopped()
-}
-
-// discoveryRetry is how often a request waiting for its resource rereads
-// discovery, and how often at most discovery is reread, whoever asks.
-const discoveryRetry = time.Second
-
-// refreshDiscovery drops the cached discovery, so that the next lookup
-// rereads it, at most once per discoveryRetry: requests for unknown
-// resources cost the API server a bounded rate of discovery requests,
-// however many there are.
-func (m *Manager) refreshDiscovery() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if time.Since(m.refreshed) < discoveryRetry {
-		return
-	}
-	m.refreshed = time.Now()
-	m.mapper.Reset()
-}
-
-// lookup maps a request's resource (or kind) through discovery, rereading
-// it once when the resource is unknown, and, if the request waits, every
-// discoveryRetry until it appears or ctx ends.
-func (m *Manager) lookup(ctx context.Context, req Request) (*meta.RESTMapping, error) {
-	what := gvrString(req.GVR)
-	if req.Kind != "" {
-		what = "kind " + schema.GroupKind{Group: req.GVR.Group, Kind: req.Kind}.String()
-	}
-	for reset := false; ; reset = true {
-		if reset {
-			m.refreshDiscovery()
-		}
-		mapping, err := m.mapping(req)
-		if err == nil {
-			return mapping, nil
-		}
-		if !meta.IsNoMatchError(err) {
-			// The API server is unreachable or failing: retryable.
-			return nil, fmt.Errorf("%w: discovering %s: %w", ErrNotSynced, what, err)
-		}
-		if !reset {
-			continue
-		}
-		if !req.WaitForResource {
-			return nil, fmt.Errorf("%w: the API server does not serve %s", ErrUnknownResource, what)
-		}
-		t := time.NewTimer(discoveryRetry)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-t.C:
-		}
-	}
-}
-
-func (m *Manager) mapping(req Request) (*meta.RESTMapping, error) {
-	if req.Kind != "" {
-		var versions []string
-		if req.GVR.Version != "" {
-			versions = append(versions, req.GVR.Version)
-		}
-		return m.mapper.RESTMapping(schema.GroupKind{Group: req.GVR.Group, Kind: req.Kind}, versions...)
-	}
-	gvk, err := m.mapper.KindFor(req.GVR)
-	if meta.IsNoMatchError(err) && m.shortcuts != nil {
-		gvk, err = m.shortcuts.KindFor(req.GVR)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return m.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-}
-
-func gvrString(gvr schema.GroupVersionResource) string {
-	s := gvr.Resource
-	if gvr.Group != "" {
-		s += "." + gvr.Group
-	}
-	if gvr.Version != "" {
-		s += " (" + gvr.Version + ")"
-	}
-	return s
 }
 
 // scopeTTL is how long a ScopeAutomatic decision is remembered.

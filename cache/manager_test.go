@@ -252,21 +252,6 @@ func TestManagerHoldCountsForItsOwner(t *testing.T) {
 	}
 }
 
-// TestDiscoveryRefreshIsRateLimited: a burst of requests for an unknown
-// resource rereads discovery once, not once per request.
-func TestDiscoveryRefreshIsRateLimited(t *testing.T) {
-	m, mapper, _ := newTestManager(t, Options{})
-	for range 50 {
-		_, err := m.Subscribe(t.Context(), Request{GVR: schema.GroupVersionResource{Version: "v1", Resource: "nonexistent"}, Owner: "test"})
-		if !errors.Is(err, ErrUnknownResource) {
-			t.Fatalf("unknown resource: %v", err)
-		}
-	}
-	if n := mapper.resets.Load(); n != 1 {
-		t.Fatalf("50 requests for an unknown resource reread discovery %d times, want 1", n)
-	}
-}
-
 // TestManagerCloseStopsSubscribers: Close stops every Source and its
 // subscribers read ErrStopped.
 func TestManagerCloseStopsSubscribers(t *testing.T) {

@@ -250,17 +250,26 @@ func (r *runResult) last(id object.ObjMetadata) kstatus.Status {
 // ids reconciled and was last reported as want.
 func (r *runResult) expectReconciled(t *testing.T, what string, ids object.ObjMetadataSet, want kstatus.Status) {
 	t.Helper()
+	if ok, why := r.reconciled(ids, want); !ok {
+		t.Fatalf("%s: %s", what, why)
+	}
+}
+
+// reconciled reports whether the run had no error and every object of ids
+// reconciled and was last reported as want, and if not, why.
+func (r *runResult) reconciled(ids object.ObjMetadataSet, want kstatus.Status) (bool, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.errors) > 0 {
-		t.Fatalf("%s: errors: %s", what, strings.Join(r.errors, "; "))
+		return false, "errors: " + strings.Join(r.errors, "; ")
 	}
 	for _, id := range ids {
 		ss := r.statuses[id]
 		if w := r.waits[id]; w != applyevent.ReconcileSuccessful || len(ss) == 0 || ss[len(ss)-1] != want {
-			t.Fatalf("%s: %s: reconcile %s, statuses %v; want Successful and last %s", what, id, w, ss, want)
+			return false, fmt.Sprintf("%s: reconcile %s, statuses %v; want Successful and last %s", id, w, ss, want)
 		}
 	}
+	return true, ""
 }
 
 // startApply applies objs as inventory id (in namespace invNS) with

@@ -2196,6 +2196,333 @@ func (x *ResourceStatus) GetGenerated() []*ResourceStatus {
 	return nil
 }
 
+// GetDiscoveryRequest may name a resource, or a kind, that the caller
+// needs: the daemon answers once its discovery lists it, as Watch resolves
+// a resource (rereading discovery if it does not list it, and waiting for
+// discovery to catch up with a CustomResourceDefinition its informer shows
+// Established), or fails with NOT_FOUND if the API server does not serve
+// it. With neither, it answers with the discovery it holds.
+type GetDiscoveryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// resource names a resource; its version may be empty.
+	Resource *GroupVersionResource `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	// kind names a kind of group resource.group (of version
+	// resource.version, if set) instead of resource.resource.
+	Kind          string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDiscoveryRequest) Reset() {
+	*x = GetDiscoveryRequest{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDiscoveryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDiscoveryRequest) ProtoMessage() {}
+
+func (x *GetDiscoveryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDiscoveryRequest.ProtoReflect.Descriptor instead.
+func (*GetDiscoveryRequest) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *GetDiscoveryRequest) GetResource() *GroupVersionResource {
+	if x != nil {
+		return x.Resource
+	}
+	return nil
+}
+
+func (x *GetDiscoveryRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+// GetDiscoveryResponse is the API server's discovery: its API groups, the
+// core group ("") first, in the API server's order.
+type GetDiscoveryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Groups        []*APIGroup            `protobuf:"bytes,1,rep,name=groups,proto3" json:"groups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDiscoveryResponse) Reset() {
+	*x = GetDiscoveryResponse{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDiscoveryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDiscoveryResponse) ProtoMessage() {}
+
+func (x *GetDiscoveryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDiscoveryResponse.ProtoReflect.Descriptor instead.
+func (*GetDiscoveryResponse) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GetDiscoveryResponse) GetGroups() []*APIGroup {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+// APIGroup is one API group.
+type APIGroup struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the group's name; empty for the core group.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// preferred_version is the version clients should use by default.
+	PreferredVersion string `protobuf:"bytes,2,opt,name=preferred_version,json=preferredVersion,proto3" json:"preferred_version,omitempty"`
+	// versions are the versions the group serves, in the API server's order
+	// of preference.
+	Versions      []*APIGroupVersion `protobuf:"bytes,3,rep,name=versions,proto3" json:"versions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *APIGroup) Reset() {
+	*x = APIGroup{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *APIGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*APIGroup) ProtoMessage() {}
+
+func (x *APIGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use APIGroup.ProtoReflect.Descriptor instead.
+func (*APIGroup) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *APIGroup) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *APIGroup) GetPreferredVersion() string {
+	if x != nil {
+		return x.PreferredVersion
+	}
+	return ""
+}
+
+func (x *APIGroup) GetVersions() []*APIGroupVersion {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+// APIGroupVersion is one version of a group and its resources.
+type APIGroupVersion struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// version is the version, for example "v1".
+	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	// resources are the resources of this version, subresources excluded.
+	Resources     []*APIResource `protobuf:"bytes,2,rep,name=resources,proto3" json:"resources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *APIGroupVersion) Reset() {
+	*x = APIGroupVersion{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *APIGroupVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*APIGroupVersion) ProtoMessage() {}
+
+func (x *APIGroupVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use APIGroupVersion.ProtoReflect.Descriptor instead.
+func (*APIGroupVersion) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *APIGroupVersion) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *APIGroupVersion) GetResources() []*APIResource {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+// APIResource describes one resource, as in the API server's discovery.
+type APIResource struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the plural resource name, for example "deployments".
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// singular_name is its singular, for example "deployment".
+	SingularName string `protobuf:"bytes,2,opt,name=singular_name,json=singularName,proto3" json:"singular_name,omitempty"`
+	// kind is the kind of its objects, for example "Deployment".
+	Kind string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	// namespaced is set for a resource whose objects live in namespaces.
+	Namespaced bool `protobuf:"varint,4,opt,name=namespaced,proto3" json:"namespaced,omitempty"`
+	// verbs are the verbs the resource supports, for example "list".
+	Verbs []string `protobuf:"bytes,5,rep,name=verbs,proto3" json:"verbs,omitempty"`
+	// short_names are its short names, for example "deploy".
+	ShortNames []string `protobuf:"bytes,6,rep,name=short_names,json=shortNames,proto3" json:"short_names,omitempty"`
+	// categories are the categories it belongs to, for example "all".
+	Categories    []string `protobuf:"bytes,7,rep,name=categories,proto3" json:"categories,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *APIResource) Reset() {
+	*x = APIResource{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *APIResource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*APIResource) ProtoMessage() {}
+
+func (x *APIResource) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use APIResource.ProtoReflect.Descriptor instead.
+func (*APIResource) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *APIResource) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *APIResource) GetSingularName() string {
+	if x != nil {
+		return x.SingularName
+	}
+	return ""
+}
+
+func (x *APIResource) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *APIResource) GetNamespaced() bool {
+	if x != nil {
+		return x.Namespaced
+	}
+	return false
+}
+
+func (x *APIResource) GetVerbs() []string {
+	if x != nil {
+		return x.Verbs
+	}
+	return nil
+}
+
+func (x *APIResource) GetShortNames() []string {
+	if x != nil {
+		return x.ShortNames
+	}
+	return nil
+}
+
+func (x *APIResource) GetCategories() []string {
+	if x != nil {
+		return x.Categories
+	}
+	return nil
+}
+
 var File_informerd_v1_informerd_proto protoreflect.FileDescriptor
 
 const file_informerd_v1_informerd_proto_rawDesc = "" +
@@ -2340,7 +2667,32 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"generation\x18\a \x01(\x03R\n" +
 	"generation\x12)\n" +
 	"\x10resource_version\x18\b \x01(\tR\x0fresourceVersion\x12:\n" +
-	"\tgenerated\x18\t \x03(\v2\x1c.informerd.v1.ResourceStatusR\tgenerated*N\n" +
+	"\tgenerated\x18\t \x03(\v2\x1c.informerd.v1.ResourceStatusR\tgenerated\"i\n" +
+	"\x13GetDiscoveryRequest\x12>\n" +
+	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\"F\n" +
+	"\x14GetDiscoveryResponse\x12.\n" +
+	"\x06groups\x18\x01 \x03(\v2\x16.informerd.v1.APIGroupR\x06groups\"\x86\x01\n" +
+	"\bAPIGroup\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
+	"\x11preferred_version\x18\x02 \x01(\tR\x10preferredVersion\x129\n" +
+	"\bversions\x18\x03 \x03(\v2\x1d.informerd.v1.APIGroupVersionR\bversions\"d\n" +
+	"\x0fAPIGroupVersion\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x127\n" +
+	"\tresources\x18\x02 \x03(\v2\x19.informerd.v1.APIResourceR\tresources\"\xd1\x01\n" +
+	"\vAPIResource\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
+	"\rsingular_name\x18\x02 \x01(\tR\fsingularName\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x1e\n" +
+	"\n" +
+	"namespaced\x18\x04 \x01(\bR\n" +
+	"namespaced\x12\x14\n" +
+	"\x05verbs\x18\x05 \x03(\tR\x05verbs\x12\x1f\n" +
+	"\vshort_names\x18\x06 \x03(\tR\n" +
+	"shortNames\x12\x1e\n" +
+	"\n" +
+	"categories\x18\a \x03(\tR\n" +
+	"categories*N\n" +
 	"\bEncoding\x12\x18\n" +
 	"\x14ENCODING_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rENCODING_JSON\x10\x01\x12\x15\n" +
@@ -2377,14 +2729,15 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x0eSTATUS_CURRENT\x10\x03\x12\x16\n" +
 	"\x12STATUS_TERMINATING\x10\x04\x12\x14\n" +
 	"\x10STATUS_NOT_FOUND\x10\x05\x12\x12\n" +
-	"\x0eSTATUS_UNKNOWN\x10\x062\xe2\x03\n" +
+	"\x0eSTATUS_UNKNOWN\x10\x062\xb9\x04\n" +
 	"\x0fInformerService\x12B\n" +
 	"\x05Watch\x12\x1a.informerd.v1.WatchRequest\x1a\x1b.informerd.v1.WatchResponse0\x01\x12X\n" +
 	"\rListInformers\x12\".informerd.v1.ListInformersRequest\x1a#.informerd.v1.ListInformersResponse\x12:\n" +
 	"\x03Get\x12\x18.informerd.v1.GetRequest\x1a\x19.informerd.v1.GetResponse\x12W\n" +
 	"\fWatchAddress\x12!.informerd.v1.WatchAddressRequest\x1a\".informerd.v1.WatchAddressResponse0\x01\x12T\n" +
 	"\vWatchStatus\x12 .informerd.v1.WatchStatusRequest\x1a!.informerd.v1.WatchStatusResponse0\x01\x12F\n" +
-	"\aVersion\x12\x1c.informerd.v1.VersionRequest\x1a\x1d.informerd.v1.VersionResponseB?Z=github.com/informerd/informerd/proto/informerd/v1;informerdv1b\x06proto3"
+	"\aVersion\x12\x1c.informerd.v1.VersionRequest\x1a\x1d.informerd.v1.VersionResponse\x12U\n" +
+	"\fGetDiscovery\x12!.informerd.v1.GetDiscoveryRequest\x1a\".informerd.v1.GetDiscoveryResponseB?Z=github.com/informerd/informerd/proto/informerd/v1;informerdv1b\x06proto3"
 
 var (
 	file_informerd_v1_informerd_proto_rawDescOnce sync.Once
@@ -2399,7 +2752,7 @@ func file_informerd_v1_informerd_proto_rawDescGZIP() []byte {
 }
 
 var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_informerd_v1_informerd_proto_goTypes = []any{
 	(Encoding)(0),                 // 0: informerd.v1.Encoding
 	(View)(0),                     // 1: informerd.v1.View
@@ -2431,8 +2784,13 @@ var file_informerd_v1_informerd_proto_goTypes = []any{
 	(*WatchStatusResponse)(nil),   // 27: informerd.v1.WatchStatusResponse
 	(*StatusEvent)(nil),           // 28: informerd.v1.StatusEvent
 	(*ResourceStatus)(nil),        // 29: informerd.v1.ResourceStatus
-	nil,                           // 30: informerd.v1.AddressPod.LabelsEntry
-	nil,                           // 31: informerd.v1.RelatedObject.FieldsEntry
+	(*GetDiscoveryRequest)(nil),   // 30: informerd.v1.GetDiscoveryRequest
+	(*GetDiscoveryResponse)(nil),  // 31: informerd.v1.GetDiscoveryResponse
+	(*APIGroup)(nil),              // 32: informerd.v1.APIGroup
+	(*APIGroupVersion)(nil),       // 33: informerd.v1.APIGroupVersion
+	(*APIResource)(nil),           // 34: informerd.v1.APIResource
+	nil,                           // 35: informerd.v1.AddressPod.LabelsEntry
+	nil,                           // 36: informerd.v1.RelatedObject.FieldsEntry
 }
 var file_informerd_v1_informerd_proto_depIdxs = []int32{
 	7,  // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
@@ -2452,9 +2810,9 @@ var file_informerd_v1_informerd_proto_depIdxs = []int32{
 	23, // 14: informerd.v1.WatchAddressResponse.port:type_name -> informerd.v1.AddressPort
 	24, // 15: informerd.v1.WatchAddressResponse.related:type_name -> informerd.v1.RelatedObject
 	22, // 16: informerd.v1.AddressPod.owner:type_name -> informerd.v1.PodOwner
-	30, // 17: informerd.v1.AddressPod.labels:type_name -> informerd.v1.AddressPod.LabelsEntry
+	35, // 17: informerd.v1.AddressPod.labels:type_name -> informerd.v1.AddressPod.LabelsEntry
 	7,  // 18: informerd.v1.RelatedObject.resource:type_name -> informerd.v1.GroupVersionResource
-	31, // 19: informerd.v1.RelatedObject.fields:type_name -> informerd.v1.RelatedObject.FieldsEntry
+	36, // 19: informerd.v1.RelatedObject.fields:type_name -> informerd.v1.RelatedObject.FieldsEntry
 	25, // 20: informerd.v1.WatchStatusRequest.objects:type_name -> informerd.v1.ObjectReference
 	4,  // 21: informerd.v1.WatchStatusRequest.scope_strategy:type_name -> informerd.v1.ScopeStrategy
 	28, // 22: informerd.v1.WatchStatusResponse.events:type_name -> informerd.v1.StatusEvent
@@ -2463,23 +2821,29 @@ var file_informerd_v1_informerd_proto_depIdxs = []int32{
 	25, // 25: informerd.v1.ResourceStatus.object:type_name -> informerd.v1.ObjectReference
 	6,  // 26: informerd.v1.ResourceStatus.status:type_name -> informerd.v1.Status
 	29, // 27: informerd.v1.ResourceStatus.generated:type_name -> informerd.v1.ResourceStatus
-	8,  // 28: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
-	13, // 29: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
-	9,  // 30: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
-	19, // 31: informerd.v1.InformerService.WatchAddress:input_type -> informerd.v1.WatchAddressRequest
-	26, // 32: informerd.v1.InformerService.WatchStatus:input_type -> informerd.v1.WatchStatusRequest
-	17, // 33: informerd.v1.InformerService.Version:input_type -> informerd.v1.VersionRequest
-	11, // 34: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
-	14, // 35: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
-	10, // 36: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
-	20, // 37: informerd.v1.InformerService.WatchAddress:output_type -> informerd.v1.WatchAddressResponse
-	27, // 38: informerd.v1.InformerService.WatchStatus:output_type -> informerd.v1.WatchStatusResponse
-	18, // 39: informerd.v1.InformerService.Version:output_type -> informerd.v1.VersionResponse
-	34, // [34:40] is the sub-list for method output_type
-	28, // [28:34] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	7,  // 28: informerd.v1.GetDiscoveryRequest.resource:type_name -> informerd.v1.GroupVersionResource
+	32, // 29: informerd.v1.GetDiscoveryResponse.groups:type_name -> informerd.v1.APIGroup
+	33, // 30: informerd.v1.APIGroup.versions:type_name -> informerd.v1.APIGroupVersion
+	34, // 31: informerd.v1.APIGroupVersion.resources:type_name -> informerd.v1.APIResource
+	8,  // 32: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
+	13, // 33: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
+	9,  // 34: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
+	19, // 35: informerd.v1.InformerService.WatchAddress:input_type -> informerd.v1.WatchAddressRequest
+	26, // 36: informerd.v1.InformerService.WatchStatus:input_type -> informerd.v1.WatchStatusRequest
+	17, // 37: informerd.v1.InformerService.Version:input_type -> informerd.v1.VersionRequest
+	30, // 38: informerd.v1.InformerService.GetDiscovery:input_type -> informerd.v1.GetDiscoveryRequest
+	11, // 39: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
+	14, // 40: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
+	10, // 41: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
+	20, // 42: informerd.v1.InformerService.WatchAddress:output_type -> informerd.v1.WatchAddressResponse
+	27, // 43: informerd.v1.InformerService.WatchStatus:output_type -> informerd.v1.WatchStatusResponse
+	18, // 44: informerd.v1.InformerService.Version:output_type -> informerd.v1.VersionResponse
+	31, // 45: informerd.v1.InformerService.GetDiscovery:output_type -> informerd.v1.GetDiscoveryResponse
+	39, // [39:46] is the sub-list for method output_type
+	32, // [32:39] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_informerd_v1_informerd_proto_init() }
@@ -2493,7 +2857,7 @@ func file_informerd_v1_informerd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_informerd_v1_informerd_proto_rawDesc), len(file_informerd_v1_informerd_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   25,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

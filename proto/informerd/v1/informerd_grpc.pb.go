@@ -25,6 +25,7 @@ const (
 	InformerService_WatchAddress_FullMethodName  = "/informerd.v1.InformerService/WatchAddress"
 	InformerService_WatchStatus_FullMethodName   = "/informerd.v1.InformerService/WatchStatus"
 	InformerService_Version_FullMethodName       = "/informerd.v1.InformerService/Version"
+	InformerService_GetDiscovery_FullMethodName  = "/informerd.v1.InformerService/GetDiscovery"
 )
 
 // InformerServiceClient is the client API for InformerService service.
@@ -53,6 +54,11 @@ type InformerServiceClient interface {
 	WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchStatusResponse], error)
 	// Version reports the daemon's build, to any authenticated caller.
 	Version(ctx context.Context, in *VersionRequest, opts ...grpc.CallOption) (*VersionResponse, error)
+	// GetDiscovery returns the API server's discovery (its groups, versions
+	// and resources) as the daemon holds it, to any authenticated caller, as
+	// the API server serves discovery to every authenticated user: what a
+	// client needs to map kinds to resources without discovery of its own.
+	GetDiscovery(ctx context.Context, in *GetDiscoveryRequest, opts ...grpc.CallOption) (*GetDiscoveryResponse, error)
 }
 
 type informerServiceClient struct {
@@ -150,6 +156,16 @@ func (c *informerServiceClient) Version(ctx context.Context, in *VersionRequest,
 	return out, nil
 }
 
+func (c *informerServiceClient) GetDiscovery(ctx context.Context, in *GetDiscoveryRequest, opts ...grpc.CallOption) (*GetDiscoveryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetDiscoveryResponse)
+	err := c.cc.Invoke(ctx, InformerService_GetDiscovery_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // InformerServiceServer is the server API for InformerService service.
 // All implementations must embed UnimplementedInformerServiceServer
 // for forward compatibility.
@@ -176,6 +192,11 @@ type InformerServiceServer interface {
 	WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[WatchStatusResponse]) error
 	// Version reports the daemon's build, to any authenticated caller.
 	Version(context.Context, *VersionRequest) (*VersionResponse, error)
+	// GetDiscovery returns the API server's discovery (its groups, versions
+	// and resources) as the daemon holds it, to any authenticated caller, as
+	// the API server serves discovery to every authenticated user: what a
+	// client needs to map kinds to resources without discovery of its own.
+	GetDiscovery(context.Context, *GetDiscoveryRequest) (*GetDiscoveryResponse, error)
 	mustEmbedUnimplementedInformerServiceServer()
 }
 
@@ -203,6 +224,9 @@ func (UnimplementedInformerServiceServer) WatchStatus(*WatchStatusRequest, grpc.
 }
 func (UnimplementedInformerServiceServer) Version(context.Context, *VersionRequest) (*VersionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Version not implemented")
+}
+func (UnimplementedInformerServiceServer) GetDiscovery(context.Context, *GetDiscoveryRequest) (*GetDiscoveryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetDiscovery not implemented")
 }
 func (UnimplementedInformerServiceServer) mustEmbedUnimplementedInformerServiceServer() {}
 func (UnimplementedInformerServiceServer) testEmbeddedByValue()                         {}
@@ -312,6 +336,24 @@ func _InformerService_Version_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _InformerService_GetDiscovery_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetDiscoveryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InformerServiceServer).GetDiscovery(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InformerService_GetDiscovery_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InformerServiceServer).GetDiscovery(ctx, req.(*GetDiscoveryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // InformerService_ServiceDesc is the grpc.ServiceDesc for InformerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -330,6 +372,10 @@ var InformerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Version",
 			Handler:    _InformerService_Version_Handler,
+		},
+		{
+			MethodName: "GetDiscovery",
+			Handler:    _InformerService_GetDiscovery_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,52 @@
+package daemon
+
+import (
+	"context"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/informerd/informerd/cache"
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+)
+
+// GetDiscovery implements the GetDiscovery RPC: the daemon's discovery, to
+// any authenticated caller (the API server serves discovery to every
+// authenticated user), once it lists what the request names, if anything.
+func (s *Server) GetDiscovery(ctx context.Context, req *informerdv1.GetDiscoveryRequest) (_ *informerdv1.GetDiscoveryResponse, err error) {
+	var need *cache.Request
+	if r := req.GetResource(); r != nil || req.GetKind() != "" {
+		if err := validateResource(r, req.GetKind(), ""); err != nil {
+			return nil, s.reject(err)
+		}
+		need = &cache.Request{GVR: schema.GroupVersionResource{Group: r.GetGroup(), Version: r.GetVersion(), Resource: r.GetResource()}, Kind: req.GetKind()}
+	}
+	c, err := s.begin(ctx, "discovery")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = c.end(err) }()
+	groups, err := s.opts.Cache.Discovery(c.ctx, need)
+	if err != nil {
+		return nil, err
+	}
+	resp := &informerdv1.GetDiscoveryResponse{Groups: make([]*informerdv1.APIGroup, 0, len(groups))}
+	for _, g := range groups {
+		out := &informerdv1.APIGroup{Name: g.Group.Name, PreferredVersion: g.Group.PreferredVersion.Version}
+		for _, v := range g.Group.Versions {
+			gv := &informerdv1.APIGroupVersion{Version: v.Version}
+			for _, r := range g.VersionedResources[v.Version] {
+				if r.Name == "" || strings.Contains(r.Name, "/") { // subresources are not mapped
+					continue
+				}
+				gv.Resources = append(gv.Resources, &informerdv1.APIResource{
+					Name: r.Name, SingularName: r.SingularName, Kind: r.Kind, Namespaced: r.Namespaced,
+					Verbs: r.Verbs, ShortNames: r.ShortNames, Categories: r.Categories,
+				})
+			}
+			out.Versions = append(out.Versions, gv)
+		}
+		resp.Groups = append(resp.Groups, out)
+	}
+	return resp, nil
+}
