@@ -192,10 +192,11 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 			"--root-ca-file=" + cp.pki.caCert,
 			"--use-service-account-credentials",
 			"--leader-elect=false",
-			// One fake node: no CIDRs, no evictions. No garbage collector or
-			// quota controller: they watch every resource, CRs included, and
-			// tests count the API server's watches per resource.
-			"--controllers=*,-node-ipam-controller,-node-lifecycle-controller,-garbage-collector-controller,-resourcequota-controller",
+			// One fake node: no CIDRs, no evictions. The garbage collector
+			// runs, as in every real cluster (cascading and foreground
+			// deletion need it); the quota controller, which watches every
+			// resource too and which nothing here uses, does not.
+			"--controllers=*,-node-ipam-controller,-node-lifecycle-controller,-resourcequota-controller",
 			"--v=1",
 		}, opts.ControllerManagerFlags...)...); err != nil {
 			return nil, err

@@ -24,11 +24,14 @@ import (
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/watcher"
 	"sigs.k8s.io/cli-utils/pkg/object"
+
+	"github.com/informerd/informerd/client"
 )
 
 // A real cli-utils Applier and Destroyer against the test control plane,
-// with a given StatusWatcher (nil: cli-utils' DefaultStatusWatcher, which
-// watches the API server directly).
+// waiting through informerd (testDaemon.waiter) or, with a zero waiter,
+// with cli-utils' DefaultStatusWatcher, which watches the API server
+// directly.
 
 // kubectlFactory is the kubectl factory an applier CLI builds, reading
 // only the test control plane's kubeconfig and caching discovery in a
@@ -60,7 +63,9 @@ func inventoryClient(t *testing.T) (cmdutil.Factory, inventory.Client) {
 // that race: its Applier fails the apply of the custom object ("no matches
 // for kind"), and its DefaultStatusWatcher, which retries only on the next
 // CRD event, never watches the kind. Seen in CI about once per 100 CRDs.
-// It is the reference's race, not informerd's, so the tests wait it out.
+// It is the reference's race, not informerd's, so the tests of the direct
+// path wait it out; informerd's RESTMapper (client.NewRESTMapper) waits
+// for it itself.
 type patientMapper struct {
 	meta.RESTMapper
 	crds dynamic.ResourceInterface
@@ -129,10 +134,35 @@ func (m patientMapper) established(ctx context.Context, gk schema.GroupKind) boo
 	return false
 }
 
-func newApplier(t *testing.T, sw watcher.StatusWatcher) *apply.Applier {
+// waiter is how an applier waits for status and maps kinds: informerd's
+// StatusWatcher and RESTMapper (testDaemon.waiter), or, zero, cli-utils'
+// DefaultStatusWatcher and the kubectl factory's RESTMapper over the API
+// server, made patient (patientMapper).
+type waiter struct {
+	sw     watcher.StatusWatcher
+	mapper meta.RESTMapper
+}
+
+// waiter returns informerd's StatusWatcher and RESTMapper for one applier,
+// with no test-side workaround.
+func (d *testDaemon) waiter(t *testing.T, name string) waiter {
+	t.Helper()
+	return waiter{sw: d.statusWatcher(t, name), mapper: client.NewRESTMapper(d.dial(t, readsAll))}
+}
+
+func (w waiter) build(t *testing.T, f cmdutil.Factory) (watcher.StatusWatcher, meta.RESTMapper) {
+	t.Helper()
+	if w.mapper == nil {
+		return w.sw, newPatientMapper(t, f)
+	}
+	return w.sw, w.mapper
+}
+
+func newApplier(t *testing.T, w waiter) *apply.Applier {
 	t.Helper()
 	f, inv := inventoryClient(t)
-	b := apply.NewApplierBuilder().WithFactory(f).WithRestMapper(newPatientMapper(t, f)).WithInventoryClient(inv)
+	sw, mapper := w.build(t, f)
+	b := apply.NewApplierBuilder().WithFactory(f).WithRestMapper(mapper).WithInventoryClient(inv)
 	if sw != nil {
 		b = b.WithStatusWatcher(sw)
 	}
@@ -143,10 +173,11 @@ func newApplier(t *testing.T, sw watcher.StatusWatcher) *apply.Applier {
 	return a
 }
 
-func newDestroyer(t *testing.T, sw watcher.StatusWatcher) *apply.Destroyer {
+func newDestroyer(t *testing.T, w waiter) *apply.Destroyer {
 	t.Helper()
 	f, inv := inventoryClient(t)
-	b := apply.NewDestroyerBuilder().WithFactory(f).WithRestMapper(newPatientMapper(t, f)).WithInventoryClient(inv)
+	sw, mapper := w.build(t, f)
+	b := apply.NewDestroyerBuilder().WithFactory(f).WithRestMapper(mapper).WithInventoryClient(inv)
 	if sw != nil {
 		b = b.WithStatusWatcher(sw)
 	}

@@ -322,13 +322,6 @@ func (m apiMetrics) sum(metric string, want map[string]string) float64 {
 	return total
 }
 
-// upstreamWatches is how many watches of gvr the API server holds now.
-func upstreamWatches(ctx context.Context, t *testing.T, gvr schema.GroupVersionResource) int {
-	return int(scrapeAPIServer(ctx, t).sum("apiserver_longrunning_requests", map[string]string{
-		"verb": "WATCH", "group": gvr.Group, "resource": gvr.Resource,
-	}))
-}
-
 // upstreamLists is how many cluster-wide LIST requests of gvr the API
 // server served. Namespaced LISTs are left out: kube-controller-manager's
 // namespace controller lists every resource of each namespace it deletes.

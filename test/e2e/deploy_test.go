@@ -61,6 +61,9 @@ omitStages: [RequestReceived]
 rules:
   - level: Metadata
     userGroups: ["system:serviceaccounts:` + deployNamespace + `"]
+  # Every watch, for upstreamWatches.
+  - level: Metadata
+    verbs: ["watch"]
   - level: None
 `
 	a := &auditLog{dir: dir, path: filepath.Join(dir, "audit.log")}

@@ -208,7 +208,7 @@ func TestNamespaceOfAClusterScopedResourceIsRefused(t *testing.T) {
 	d := startDaemon(t, cache.Options{})
 	c := d.dial(t, reads(schema.GroupVersionResource{Group: "*", Resource: "*"}, ns))
 	nodes := schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
-	watches := upstreamWatches(ctx, t, nodes)
+	watches := upstreamWatches(t, nodes)
 	clusterScoped := func(what string, err error) {
 		t.Helper()
 		st, _ := status.FromError(err)
@@ -232,7 +232,7 @@ func TestNamespaceOfAClusterScopedResourceIsRefused(t *testing.T) {
 	if err != nil || len(evs) != 1 || evs[0].GetStatus().GetStatus() != informerdv1.Status_STATUS_NOT_FOUND {
 		t.Fatalf("status of a Node named in a namespace: %v, %v; want NotFound", evs, err)
 	}
-	if got := upstreamWatches(ctx, t, nodes); got != watches {
+	if got := upstreamWatches(t, nodes); got != watches {
 		t.Fatalf("upstream watches of nodes went from %d to %d: an informer was started for a namespace's Role", watches, got)
 	}
 }

@@ -48,7 +48,7 @@ func TestInformerLimitsWithABystander(t *testing.T) {
 	bystander.until(ctx, t, "the bystander syncs", isType(informerdv1.EventType_EVENT_TYPE_SYNCED))
 
 	mallory := d.dial(t, reads(configMaps, ""))
-	lists0, watches0 := upstreamLists(ctx, t, configMaps), upstreamWatches(ctx, t, configMaps)
+	lists0, watches0 := upstreamLists(ctx, t, configMaps), upstreamWatches(t, configMaps)
 	var refused error
 	for i := range 30 {
 		opts := client.WatchOptions{Resource: configMaps, FieldSelector: fmt.Sprintf("metadata.name=x-%d", i), ClientName: "mallory"}
@@ -63,7 +63,7 @@ func TestInformerLimitsWithABystander(t *testing.T) {
 	}
 	// The daemon lists by WatchList (a WATCH) unless the API server refuses
 	// it: count both. The caller's streams are all still open.
-	lists, watches := upstreamLists(ctx, t, configMaps)-lists0, upstreamWatches(ctx, t, configMaps)-watches0
+	lists, watches := upstreamLists(ctx, t, configMaps)-lists0, upstreamWatches(t, configMaps)-watches0
 	t.Logf("30 distinct field selectors from one caller: %d more upstream watches, %d LISTs; the rest refused: %v", watches, lists, refused)
 	if lists > perCaller || watches > perCaller {
 		t.Errorf("one caller's field selectors cost the API server %d watches and %d LISTs, want at most %d", watches, lists, perCaller)

@@ -178,7 +178,7 @@ func TestOneUpstreamWatchForManyClients(t *testing.T) {
 	gadgets := schema.GroupVersionResource{Group: "fanout.informerd.dev", Version: "v1", Resource: "gadgets"}
 	createCRD(ctx, t, dyn, gadgets, "Gadget")
 	nss := []string{createNamespace(ctx, t, "fan-a"), createNamespace(ctx, t, "fan-b"), createNamespace(ctx, t, "fan-c")}
-	before := upstreamWatches(ctx, t, gadgets)
+	before := upstreamWatches(t, gadgets)
 
 	d := startDaemon(t, cache.Options{})
 	var recs []*recorder
@@ -196,14 +196,14 @@ func TestOneUpstreamWatchForManyClients(t *testing.T) {
 		start(fmt.Sprintf("same-ns-%d", i), nss[0])
 	}
 	eventually(ctx, t, "one upstream watch for 10 clients in one namespace", func() bool {
-		return upstreamWatches(ctx, t, gadgets) == before+1
+		return upstreamWatches(t, gadgets) == before+1
 	})
 
 	for i := range 10 {
 		start(fmt.Sprintf("spread-%d", i), nss[i%3])
 	}
 	start("cluster-wide", "")
-	if got := upstreamWatches(ctx, t, gadgets); got != before+1 {
+	if got := upstreamWatches(t, gadgets); got != before+1 {
 		t.Fatalf("API server holds %d watches of gadgets for 21 clients in 3 namespaces and all namespaces, want %d", got, before+1)
 	}
 
@@ -228,7 +228,7 @@ func TestOneUpstreamWatchForManyClients(t *testing.T) {
 			return len(m) == 1 && m[ns+"/"+fmt.Sprintf("g%d", slices.Index(nss, ns))] != ""
 		})
 	}
-	if got := upstreamWatches(ctx, t, gadgets); got != before+1 {
+	if got := upstreamWatches(t, gadgets); got != before+1 {
 		t.Fatalf("API server holds %d watches of gadgets after the events, want %d", got, before+1)
 	}
 
@@ -512,11 +512,11 @@ func TestLingerAndRefCount(t *testing.T) {
 	// the API server may count it a moment later, but within the TTL.
 	eventually(ctx, t, "the API server holds the lingering Source's one watch", func() bool {
 		src := d.mgr.Sources()
-		return len(src) == 1 && src[0].RefCount == 0 && upstreamWatches(ctx, t, gvr) == 1
+		return len(src) == 1 && src[0].RefCount == 0 && upstreamWatches(t, gvr) == 1
 	})
 	eventually(ctx, t, "source stopped after the TTL", func() bool { return len(d.mgr.Sources()) == 0 })
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		return upstreamWatches(ctx, t, gvr) == 0, nil
+		return upstreamWatches(t, gvr) == 0, nil
 	})
 	if err != nil {
 		var lines []string
@@ -689,11 +689,11 @@ func TestNamespaceScopeStrategy(t *testing.T) {
 	}
 	start(nss[0])
 	start(nss[1])
-	eventually(ctx, t, "one watch per namespace", func() bool { return upstreamWatches(ctx, t, gvr) == 2 })
+	eventually(ctx, t, "one watch per namespace", func() bool { return upstreamWatches(t, gvr) == 2 })
 	start("")
-	eventually(ctx, t, "plus a cluster-wide watch", func() bool { return upstreamWatches(ctx, t, gvr) == 3 })
+	eventually(ctx, t, "plus a cluster-wide watch", func() bool { return upstreamWatches(t, gvr) == 3 })
 	start(nss[2])
-	if got := upstreamWatches(ctx, t, gvr); got != 3 {
+	if got := upstreamWatches(t, gvr); got != 3 {
 		t.Fatalf("a new namespace caused a watch of its own (%d) although a cluster-wide one runs", got)
 	}
 	if n := len(d.mgr.Sources()); n != 3 {

@@ -72,28 +72,29 @@ func byShape(m map[object.ObjMetadata]kstatus.Status, suffix string) map[string]
 // NotFound. The same inventory with cli-utils' DefaultStatusWatcher (which
 // watches the API server itself) ends with the same statuses.
 //
-// kube-controller-manager runs without its garbage collector, which the
-// Destroyer does not need: it deletes with background propagation, so the
-// Deployment is gone at once and waits for nothing, and the namespace
-// controller (which needs no garbage collector) deletes the ReplicaSets
-// and Pods left in the Namespace before the Namespace itself goes.
+// The Destroyer deletes with foreground propagation (issue 21, item 9):
+// the Deployment is NotFound only once kube-controller-manager's garbage
+// collector has deleted its ReplicaSet and Pods and removed the
+// foregroundDeletion finalizer.
 func TestApplierAndDestroyer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	d := startDaemon(t, cache.Options{})
 	invNS := createNamespace(ctx, t, "inventory")
-	run := func(mode string, sw func() watcher.StatusWatcher) (applied, destroyed map[string]kstatus.Status) {
+	run := func(mode string, w func() waiter) (applied, destroyed map[string]kstatus.Status) {
 		suffix := mode + "-" + rand.String(5)
 		objs := fullInventory(suffix)
 		ids := object.UnstructuredSetToObjMetadataSet(objs)
-		r := startApply(ctx, newApplier(t, sw()), invNS, suffix, objs, 3*time.Minute).wait(ctx, t)
+		r := startApply(ctx, newApplier(t, w()), invNS, suffix, objs, 3*time.Minute).wait(ctx, t)
 		r.expectReconciled(t, mode+" apply", ids, kstatus.CurrentStatus)
-		r2 := startDestroy(ctx, newDestroyer(t, sw()), invNS, suffix, 3*time.Minute).wait(ctx, t)
+		r2 := watchRun(newDestroyer(t, w()).Run(ctx, inventoryInfo(invNS, suffix), apply.DestroyerOptions{
+			DeleteTimeout: 3 * time.Minute, EmitStatusEvents: true, DeletePropagationPolicy: metav1.DeletePropagationForeground,
+		})).wait(ctx, t)
 		r2.expectReconciled(t, mode+" destroy", ids, kstatus.NotFoundStatus)
 		return byShape(r.final(), suffix), byShape(r2.final(), suffix)
 	}
-	ourApplied, ourDestroyed := run("informerd", func() watcher.StatusWatcher { return d.statusWatcher(t, "applier") })
-	directApplied, directDestroyed := run("direct", func() watcher.StatusWatcher { return nil })
+	ourApplied, ourDestroyed := run("informerd", func() waiter { return d.waiter(t, "applier") })
+	directApplied, directDestroyed := run("direct", func() waiter { return waiter{} })
 	if !maps.Equal(ourApplied, directApplied) || !maps.Equal(ourDestroyed, directDestroyed) {
 		t.Fatalf("final statuses differ:\ninformerd apply %v\ndirect    apply %v\ninformerd destroy %v\ndirect    destroy %v",
 			ourApplied, directApplied, ourDestroyed, directDestroyed)
@@ -200,13 +201,11 @@ func statusResources(gateGroup string) []schema.GroupVersionResource {
 	}
 }
 
-// watchCounts is the API server's number of watches of each resource, in
-// order.
-func watchCounts(ctx context.Context, t *testing.T, resources []schema.GroupVersionResource) []int {
-	m := scrapeAPIServer(ctx, t)
+// watchCounts is upstreamWatches of each resource, in order.
+func watchCounts(t *testing.T, resources []schema.GroupVersionResource) []int {
 	out := make([]int, len(resources))
 	for i, gvr := range resources {
-		out[i] = int(m.sum("apiserver_longrunning_requests", map[string]string{"verb": "WATCH", "group": gvr.Group, "resource": gvr.Resource}))
+		out[i] = upstreamWatches(t, gvr)
 	}
 	return out
 }
@@ -220,17 +219,17 @@ func sub(a, b []int) []int {
 }
 
 // appliersWatches runs n appliers at once, each applying gatedInventory in
-// a namespace of its own with the StatusWatcher sw gives, and returns the
+// a namespace of its own waiting as w gives, and returns the
 // upstream watches per statusResources that they add while all of them
 // wait (compared with before), then lets them finish.
-func appliersWatches(ctx context.Context, t *testing.T, n int, invNS, gateGroup string, sw func(i int) watcher.StatusWatcher) []int {
+func appliersWatches(ctx context.Context, t *testing.T, n int, invNS, gateGroup string, w func(i int) waiter) []int {
 	t.Helper()
 	settled := func() []int {
 		// The API server counts a watch shortly after it opens or closes:
 		// take the count once it stopped moving.
 		var last []int
 		eventually(ctx, t, "watch counts settle", func() bool {
-			c := watchCounts(ctx, t, statusResources(gateGroup))
+			c := watchCounts(t, statusResources(gateGroup))
 			ok := slices.Equal(c, last)
 			last = c
 			hold(ctx, 500*time.Millisecond)
@@ -245,7 +244,7 @@ func appliersWatches(ctx context.Context, t *testing.T, n int, invNS, gateGroup 
 		namespaces[i] = createNamespace(ctx, t, "applier")
 	}
 	for i, ns := range namespaces {
-		runs[i] = startApply(ctx, newApplier(t, sw(i)), invNS, "gated-"+ns, gatedInventory(gateGroup, ns), 3*time.Minute)
+		runs[i] = startApply(ctx, newApplier(t, w(i)), invNS, "gated-"+ns, gatedInventory(gateGroup, ns), 3*time.Minute)
 	}
 	gate := object.ObjMetadata{GroupKind: schema.GroupKind{Group: gateGroup, Kind: "Gate"}, Name: "gate"}
 	eventually(ctx, t, "every applier waits for its Gate", func() bool {
@@ -279,10 +278,10 @@ func TestAppliersShareUpstreamWatches(t *testing.T) {
 	throughDaemon := func(n int) []int {
 		d := startDaemon(t, cache.Options{})
 		defer d.stop() // its informers stop with it: the next phase starts from nothing
-		return appliersWatches(ctx, t, n, invNS, gateGroup, func(i int) watcher.StatusWatcher { return d.statusWatcher(t, fmt.Sprintf("applier-%d", i)) })
+		return appliersWatches(ctx, t, n, invNS, gateGroup, func(i int) waiter { return d.waiter(t, fmt.Sprintf("applier-%d", i)) })
 	}
 	direct := func(n int) []int {
-		return appliersWatches(ctx, t, n, invNS, gateGroup, func(int) watcher.StatusWatcher { return nil })
+		return appliersWatches(ctx, t, n, invNS, gateGroup, func(int) waiter { return waiter{} })
 	}
 	oneDaemon, fiveDaemon := throughDaemon(1), throughDaemon(5)
 	oneDirect, fiveDirect := direct(1), direct(5)
@@ -409,7 +408,7 @@ func TestDaemonRestartDuringReconcileWait(t *testing.T) {
 	d := startDaemonAt(t, socket, cache.Options{})
 	objs := gatedInventory(gateGroup, ns)
 	ids := object.UnstructuredSetToObjMetadataSet(objs)
-	r := startApply(ctx, newApplier(t, d.statusWatcher(t, "restart")), invNS, "restart", objs, 3*time.Minute)
+	r := startApply(ctx, newApplier(t, d.waiter(t, "restart")), invNS, "restart", objs, 3*time.Minute)
 	deployment := object.ObjMetadata{GroupKind: schema.GroupKind{Group: "apps", Kind: "Deployment"}, Namespace: ns, Name: "web"}
 	gate := object.ObjMetadata{GroupKind: schema.GroupKind{Group: gateGroup, Kind: "Gate"}, Namespace: ns, Name: "gate"}
 	eventually(ctx, t, "the Deployment is Current and the Gate holds the wait", func() bool {
