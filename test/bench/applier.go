@@ -33,9 +33,12 @@ const (
 	applierApplyOnly = "apply-only"
 	applierDirect    = "direct"    // cli-utils' DefaultStatusWatcher, against the API server
 	applierInformerd = "informerd" // client.NewStatusWatcher: the daemon's WatchStatus
+	// applierInformerdMapper also maps kinds with client.NewRESTMapper
+	// (the daemon's discovery) instead of the kubectl factory's mapper.
+	applierInformerdMapper = "informerd+mapper"
 )
 
-var applierModes = []string{applierApplyOnly, applierDirect, applierInformerd}
+var applierModes = []string{applierApplyOnly, applierDirect, applierInformerd, applierInformerdMapper}
 
 // applierResult is what one applier process reports on its stdout.
 type applierResult struct {
@@ -92,13 +95,16 @@ func runApplier(args []string) error {
 		// nanosecond ends it at once (every object times out).
 		b, wait = b.WithStatusWatcher(watcher.BlindStatusWatcher{}), time.Nanosecond
 	case applierDirect:
-	case applierInformerd:
+	case applierInformerd, applierInformerdMapper:
 		c, err := client.Dial(*socket, client.WithTokenFile(*tokenFile))
 		if err != nil {
 			return err
 		}
 		defer c.Close()
 		b = b.WithStatusWatcher(client.NewStatusWatcher(c, client.StatusWatcherOptions{ClientName: "applier-" + *namespace}))
+		if *mode == applierInformerdMapper {
+			b = b.WithRestMapper(client.NewRESTMapper(c))
+		}
 	default:
 		return fmt.Errorf("-mode %q: want one of %s", *mode, strings.Join(applierModes, ", "))
 	}

@@ -179,7 +179,7 @@ func (h *statusHarness) run(ctx context.Context, mode string, n int) (statusRun,
 		daemon0 float64
 		tokens  = make([]string, n)
 	)
-	if mode == applierInformerd {
+	if mode == applierInformerd || mode == applierInformerdMapper {
 		for i, ns := range namespaces {
 			if tokens[i], err = h.applierToken(ctx, admin, ns); err != nil {
 				return r, err
@@ -361,7 +361,7 @@ func (r *statusReport) print(w io.Writer) {
 			mallocs += float64(res.Mallocs) / float64(len(run.Results))
 		}
 		daemon := "-\t-\t-\t-"
-		if run.Mode == applierInformerd {
+		if run.Mode == applierInformerd || run.Mode == applierInformerdMapper {
 			daemon = fmt.Sprintf("%.1f\t%.2f\t%.2f\t%.1f", float64(run.DaemonPeakRSS)/(1<<20), run.DaemonCPUSeconds, run.DaemonCPUPerSecond, run.DaemonCPUMillisPerDeployment)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%s\t%s\t%s\t\n", run.Mode, run.Appliers, run.WallSeconds, wall, rss, alloc, mallocs,
