@@ -63,6 +63,14 @@ type Options struct {
 	// nothing before it is abandoned and re-opened (the API server sends a
 	// bookmark about every minute). Default 2m.
 	UpstreamTimeout time.Duration
+	// RecoveryWindow spreads the informers' retries after an outage: when
+	// the API server is reported back (UpstreamRecovered), each informer
+	// waiting to retry it does so after a random delay in [0,
+	// RecoveryWindow), instead of after its backoff (up to 30 s). The
+	// fleet's re-list rate after an API server restart is then about
+	// nodes × informers per node / RecoveryWindow. Default 10s; negative:
+	// at once.
+	RecoveryWindow time.Duration
 	// DisableWatchList lists with LIST instead of WatchList streaming.
 	DisableWatchList bool
 	// MaxObjectBytes refuses objects whose encoding is larger: they are not
@@ -145,6 +153,7 @@ type Manager struct {
 	// forgotten, which it guards, is when that was last done.
 	discovering chan struct{}
 	forgotten   time.Time
+	recovery    *recovery
 	// discovery is the cached discovery that mapper reads; nil in tests.
 	discovery discovery.CachedDiscoveryInterface
 	// shortcuts expands short names (cm, deploy) from mapper's discovery,
@@ -216,6 +225,9 @@ func (opts Options) withDefaults() (Options, error) {
 	if opts.UpstreamTimeout <= 0 {
 		opts.UpstreamTimeout = 2 * time.Minute
 	}
+	if opts.RecoveryWindow == 0 {
+		opts.RecoveryWindow = 10 * time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -276,6 +288,7 @@ func newManager(opts Options, mapper resettableMapper, newUpstream func(Key) ups
 	m := &Manager{
 		opts: opts, mapper: mapper, newUpstream: newUpstream,
 		discovering: make(chan struct{}, 1),
+		recovery:    newRecovery(opts.RecoveryWindow),
 		log:         opts.Logger,
 		metrics:     newMetrics(opts.Registerer),
 		budget:      &logBudget{max: opts.MaxLogBytes},
@@ -494,7 +507,7 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder, owner st
 		}
 		src := newSource(key, m.newUpstream(key), sourceConfig{
 			limits: m.opts.Log, budget: m.budget, idleTimeout: m.opts.UpstreamTimeout,
-			maxObjectBytes: m.opts.MaxObjectBytes, log: m.log, metrics: m.metrics,
+			maxObjectBytes: m.opts.MaxObjectBytes, log: m.log, metrics: m.metrics, recovery: m.recovery,
 		})
 		src.apiVersion, src.kind = gvk.GroupVersion().String(), gvk.Kind
 		src.start(m.ctx)

@@ -76,6 +76,9 @@ type sourceConfig struct {
 	maxObjectBytes int
 	log            *slog.Logger
 	metrics        *metrics
+	// recovery, if not nil, cuts a backoff short when the API server is
+	// reported back.
+	recovery *recovery
 }
 
 func newSource(key Key, up upstream, cfg sourceConfig) *Source {
@@ -193,7 +196,7 @@ func (s *Source) run(ctx context.Context) error {
 					return rejected(s.key, err)
 				}
 				s.setErr(err)
-				if bo.Wait(ctx) != nil {
+				if s.pause(ctx, bo) != nil {
 					return nil
 				}
 				continue
@@ -225,7 +228,7 @@ func (s *Source) run(ctx context.Context) error {
 			if err != nil {
 				s.log.Info("watch failed: retrying", "err", err)
 				s.setErr(err)
-				if bo.Wait(ctx) != nil {
+				if s.pause(ctx, bo) != nil {
 					return nil
 				}
 			}

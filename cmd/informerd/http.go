@@ -26,6 +26,9 @@ const readyzInterval = 5 * time.Second
 // readiness is the API server's reachability as the background prober
 // last found it: /readyz answers from it and never calls the API server.
 type readiness struct {
+	// onRecover, if set, is called when a probe succeeds after one failed.
+	onRecover func()
+
 	mu      sync.Mutex // guards checked and err
 	checked bool
 	err     error
@@ -60,8 +63,12 @@ func (r *readiness) probe(ctx context.Context, kube kubernetes.Interface) {
 
 func (r *readiness) set(err error) {
 	r.mu.Lock()
+	recovered := r.checked && r.err != nil && err == nil
 	r.checked, r.err = true, err
 	r.mu.Unlock()
+	if recovered && r.onRecover != nil {
+		r.onRecover()
+	}
 }
 
 // ServeHTTP answers 200 while the last probe reached the API server:

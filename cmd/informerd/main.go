@@ -85,6 +85,7 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		Config: restCfg, Scope: cache.ScopeStrategy(c.scope), LingerTTL: c.lingerTTL,
 		Log:               cache.LogLimits{MaxEvents: c.logMaxEvents, MaxBytes: c.logMaxBytes, MinAge: minAge},
 		KeepManagedFields: c.keepManaged, DisableWatchList: c.disableWatchLst, UpstreamTimeout: c.upstreamTimeout,
+		RecoveryWindow: c.recoveryWindow,
 		MaxObjectBytes: c.maxObjectBytes, MaxSources: c.maxInformers, MaxSourcesPerOwner: c.maxPerCaller, MaxLogBytes: c.maxLogBytesAll,
 		Logger: log, Registerer: reg,
 	})
@@ -151,7 +152,7 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 
 	// The readiness prober asks the API server in the background: /readyz
 	// never costs it a request.
-	ready := &readiness{}
+	ready := &readiness{onRecover: mgr.UpstreamRecovered}
 	probeCtx, stopProbe := context.WithCancel(ctx)
 	var probing sync.WaitGroup
 	probing.Add(1)

@@ -46,6 +46,7 @@ func TestParseFlagsNamesTheBadFlag(t *testing.T) {
 		{[]string{"-linger-ttl", "0s"}, "-linger-ttl"},
 		{[]string{"-log-max-events", "0"}, "-log-max-events"},
 		{[]string{"-upstream-timeout", "0s"}, "-upstream-timeout"},
+		{[]string{"-recovery-window", "0s"}, "-recovery-window"},
 		{[]string{"-log-max-bytes", "-1"}, "-log-max-bytes"},
 		{[]string{"-log-min-age", "-1s"}, "-log-min-age"},
 		{[]string{"-log-level", "loud"}, "-log-level"},
@@ -94,7 +95,8 @@ func TestReadyzFollowsTheProber(t *testing.T) {
 	}))
 	defer api.Close()
 	kube := kubernetes.NewForConfigOrDie(&rest.Config{Host: api.URL})
-	r := &readiness{}
+	var recovered int
+	r := &readiness{onRecover: func() { recovered++ }}
 	get := func() int {
 		rec := httptest.NewRecorder()
 		healthHandler(r).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
@@ -116,6 +118,14 @@ func TestReadyzFollowsTheProber(t *testing.T) {
 	r.probe(context.Background(), kube)
 	if got := get(); got != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz with the API server down = %d, want 503", got)
+	}
+	if recovered != 0 {
+		t.Fatalf("the prober reported the API server back %d times before it was, want 0", recovered)
+	}
+	r.set(nil)
+	r.set(nil)
+	if recovered != 1 {
+		t.Fatalf("the prober reported the API server back %d times for one recovery, want 1", recovered)
 	}
 }
 
