@@ -35,7 +35,7 @@ const (
 	applierInformerd = "informerd" // client.NewStatusWatcher: the daemon's WatchStatus
 	// applierInformerdMapper also maps kinds with client.NewRESTMapper
 	// (the daemon's discovery) instead of the kubectl factory's mapper.
-	applierInformerdMapper = "informerd+mapper"
+	applierInformerdMapper = "informerd-mapper"
 )
 
 var applierModes = []string{applierApplyOnly, applierDirect, applierInformerd, applierInformerdMapper}
