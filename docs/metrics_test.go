@@ -20,52 +20,7 @@ import (
 // anywhere outside tests, test/ and hack/) has a section in metrics.md,
 // and metrics.md documents no informerd_ metric that no longer exists.
 func TestEveryMetricIsDocumented(t *testing.T) {
-	registered := map[string]string{} // name -> where
-	fset := token.NewFileSet()
-	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			switch d.Name() {
-			case ".git", "hack", "test", "examples", "_output":
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || strings.HasSuffix(path, ".pb.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, 0)
-		if err != nil {
-			return err
-		}
-		ast.Inspect(f, func(n ast.Node) bool {
-			call, ok := n.(*ast.CallExpr)
-			if !ok || len(call.Args) == 0 {
-				return true
-			}
-			sel, ok := call.Fun.(*ast.SelectorExpr)
-			if !ok || !isIdent(sel.X, "prometheus") {
-				return true
-			}
-			where := fset.Position(call.Pos()).String()
-			switch {
-			case sel.Sel.Name == "NewDesc":
-				registered[literal(t, call.Args[0], where)] = where
-			case regexp.MustCompile(`^New(Counter|Gauge|Histogram|Summary)(Vec)?$`).MatchString(sel.Sel.Name):
-				registered[optsName(t, call.Args[0], where)] = where
-			}
-			return true
-		})
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(registered) < 30 {
-		t.Fatalf("found only %d metrics: the scan is broken", len(registered))
-	}
+	registered := registeredMetrics(t)
 	doc, err := os.ReadFile("metrics.md")
 	if err != nil {
 		t.Fatal(err)
@@ -138,4 +93,57 @@ func optsName(t *testing.T, e ast.Expr, where string) string {
 		t.Fatalf("%s: a metric without Name", where)
 	}
 	return name
+}
+
+// registeredMetrics scans the daemon's packages for the metrics they
+// create: name -> where.
+func registeredMetrics(t *testing.T) map[string]string {
+	t.Helper()
+	registered := map[string]string{} // name -> where
+	fset := token.NewFileSet()
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			switch d.Name() {
+			case ".git", "hack", "test", "examples", "_output":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || strings.HasSuffix(path, ".pb.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok || len(call.Args) == 0 {
+				return true
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok || !isIdent(sel.X, "prometheus") {
+				return true
+			}
+			where := fset.Position(call.Pos()).String()
+			switch {
+			case sel.Sel.Name == "NewDesc":
+				registered[literal(t, call.Args[0], where)] = where
+			case regexp.MustCompile(`^New(Counter|Gauge|Histogram|Summary)(Vec)?$`).MatchString(sel.Sel.Name):
+				registered[optsName(t, call.Args[0], where)] = where
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(registered) < 30 {
+		t.Fatalf("found only %d metrics: the scan is broken", len(registered))
+	}
+	return registered
 }
