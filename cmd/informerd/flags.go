@@ -24,6 +24,8 @@ type config struct {
 	version         bool // -version: print the version and exit
 	kubeconfig      string
 	socket          string
+	// prepareSocketDir, uid and gid, is set by -prepare-socket-dir.
+	prepareSocketDir *owner
 	listenTCP       string
 	metricsAddr     string
 	scope           string
@@ -104,6 +106,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.nodeName, "node-name", "", "the node this daemon serves (the downward API's spec.nodeName): tokens bound to a pod on another node are refused; empty: no node check")
 	fs.StringVar(&c.tokenAudience, "token-audience", auth.DefaultAudience, "audience a caller's token must be issued for")
 	fs.BoolVar(&c.insecureLocalOnly, "insecure-local-only", false, "DEVELOPMENT ONLY: serve callers without tokens, with the daemon's own permissions, on a 0600 Unix socket (no -listen-tcp)")
+	prepare := fs.String("prepare-socket-dir", "", "UID:GID: create the directory of -socket, owned by UID:GID with mode 0755, and exit, so that the daemon can run as that user: run it once as root with the CHOWN capability only (the DaemonSet's init container)")
 	uids := fs.String("allowed-uids", "", "comma-separated uids: if set, only Unix socket callers with one of these uids (SO_PEERCRED) are served, in addition to their token")
 	fs.StringVar(&c.tlsCert, "tls-cert-file", "", "PEM certificate for -listen-tcp and -metrics-address (required when either is not loopback)")
 	fs.StringVar(&c.tlsKey, "tls-key-file", "", "PEM private key of -tls-cert-file")
@@ -152,6 +155,16 @@ func parseFlags(args []string) (*config, error) {
 	case cache.ScopeAutomatic, cache.ScopeCluster, cache.ScopeNamespace:
 	default:
 		return nil, fmt.Errorf("-scope %q: want automatic, cluster or namespace", c.scope)
+	}
+	if *prepare != "" {
+		o, err := parseOwner(*prepare)
+		if err != nil {
+			return nil, fmt.Errorf("-prepare-socket-dir %q: %w", *prepare, err)
+		}
+		if c.socket == "" {
+			return nil, errors.New("-prepare-socket-dir needs -socket")
+		}
+		c.prepareSocketDir = &o
 	}
 	if c.socket == "" && c.listenTCP == "" {
 		return nil, errors.New("-socket and -listen-tcp are both empty: informerd would serve no one")

@@ -45,6 +45,13 @@ func main() {
 		fmt.Println(version.Version)
 		return
 	}
+	if o := cfg.prepareSocketDir; o != nil {
+		if err := prepareSocketDir(filepath.Dir(cfg.socket), *o); err != nil {
+			fmt.Fprintln(os.Stderr, "informerd: -prepare-socket-dir:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := newLogger(os.Stderr, cfg.logFormat, cfg.logLevel)

@@ -229,6 +229,7 @@ func TestDeploy(t *testing.T) {
 	must(kubectl("apply", "--server-side", "-k", filepath.Join(deploy, "examples", "client")))
 	daemonPod := runningPod(ctx, t, admin, deployNamespace, "app.kubernetes.io/name=informerd")
 	clientPod := runningPod(ctx, t, admin, exampleNS, "app.kubernetes.io/name="+exampleSA)
+	checkNonRoot(t, daemonPod)
 
 	// The daemon's credentials: what the kubelet projects into its pod.
 	token, err := controlplane.PodToken(ctx, admin, deployNamespace, "informerd", daemonPod.Name)
@@ -424,6 +425,28 @@ func runExampleClient(ctx context.Context, t *testing.T, admin kubernetes.Interf
 	_ = cmd.Wait()
 	if !found {
 		t.Fatalf("the example client (informerctl %v) never printed %q; stdout:\n%s\nstderr:\n%s", args, want, out.String(), stderr.String())
+	}
+}
+
+// checkNonRoot fails unless the daemon's pod runs the daemon as the
+// image's non-root user (65532) with no capability, after an init
+// container that is root with CAP_CHOWN only and prepares the socket's
+// directory for it (TestNonRootDaemonServesOtherUsers runs both steps for
+// real, as those users).
+func checkNonRoot(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	if len(pod.Spec.Containers) != 1 || len(pod.Spec.InitContainers) != 1 {
+		t.Fatalf("the daemon's pod has %d containers and %d init containers, want 1 and 1", len(pod.Spec.Containers), len(pod.Spec.InitContainers))
+	}
+	d, init := pod.Spec.Containers[0].SecurityContext, pod.Spec.InitContainers[0]
+	if d == nil || d.RunAsUser == nil || *d.RunAsUser != 65532 || d.RunAsNonRoot == nil || !*d.RunAsNonRoot ||
+		d.Capabilities == nil || len(d.Capabilities.Add) != 0 || !slices.Equal(d.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("the daemon's container runs with %+v, want uid 65532, runAsNonRoot, every capability dropped", d)
+	}
+	ic := init.SecurityContext
+	if !slices.Contains(init.Args, "-prepare-socket-dir=65532:65532") || ic == nil || ic.Capabilities == nil ||
+		!slices.Equal(ic.Capabilities.Add, []corev1.Capability{"CHOWN"}) || !slices.Equal(ic.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("the init container %s runs %v with %+v, want -prepare-socket-dir=65532:65532 with CAP_CHOWN only", init.Name, init.Args, ic)
 	}
 }
 
