@@ -24,8 +24,6 @@ type config struct {
 	version         bool // -version: print the version and exit
 	kubeconfig      string
 	socket          string
-	// prepareSocketDir, uid and gid, is set by -prepare-socket-dir.
-	prepareSocketDir *owner
 	listenTCP       string
 	metricsAddr     string
 	scope           string
@@ -35,19 +33,21 @@ type config struct {
 	logMinAge       time.Duration
 	upstreamTimeout time.Duration
 	recoveryWindow  time.Duration
-	keepManaged     bool
-	disableWatchLst bool
-	kubeAPIQPS      float64
-	kubeAPIBurst    int
-	enablePprof     bool
-	logLevel        slog.Level
-	logFormat       string // text or json
-	maxObjectBytes  int
-	maxInformers    int
-	maxPerCaller    int
-	maxLogBytesAll  int64
-	writeTimeout    time.Duration
-	addressRelated  relatedKinds
+	// prepareSocketDir is -prepare-socket-dir's owner, if set.
+	prepareSocketDir *owner
+	keepManaged      bool
+	disableWatchLst  bool
+	kubeAPIQPS       float64
+	kubeAPIBurst     int
+	enablePprof      bool
+	logLevel         slog.Level
+	logFormat        string // text or json
+	maxObjectBytes   int
+	maxInformers     int
+	maxPerCaller     int
+	maxLogBytesAll   int64
+	writeTimeout     time.Duration
+	addressRelated   relatedKinds
 
 	// Security.
 	nodeName          string
