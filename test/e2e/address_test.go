@@ -595,7 +595,7 @@ func TestAddressRelatedKindUnavailable(t *testing.T) {
 // reported as owner); a stream that does not ask gets none; a caller that
 // may not read ReplicaSets and Jobs everywhere is refused; and the
 // workload follows the owner chain: a ReplicaSet's pod reports the
-// ReplicaSet until a Deployment adopts it.
+// ReplicaSet until a Deployment adopts it. informerctl prints it.
 func TestAddressWorkload(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -643,6 +643,16 @@ func TestAddressWorkload(t *testing.T) {
 		t.Fatalf("workload %v, want apps/v1", w)
 	}
 	watchAddress(t, c, web.Status.PodIP+":8080").expect(ctx, t, web.Name+" Running ready=true pod_ip port=/8080/0")
+
+	// informerctl address -workload (client.AddressWatcher) prints it.
+	out, err := exec.CommandContext(ctx, informerctlBin.build(t), "-address", d.socket, "-token-file", tokenFile(t, readsPods, replicaSets, jobs),
+		"address", web.Status.PodIP+":8080", "-workload").CombinedOutput()
+	if err != nil {
+		t.Fatalf("informerctl address -workload: %v\n%s", err, out)
+	}
+	if line := string(out); !strings.Contains(line, " owner=ReplicaSet/web-") || !strings.Contains(line, " workload=Deployment/web") {
+		t.Fatalf("informerctl address -workload printed %q", out)
+	}
 
 	// Without ReplicaSets and Jobs in every namespace: refused, with the
 	// permission named. (Pods alone are enough without workloads.)
