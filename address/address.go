@@ -103,6 +103,14 @@ type Request struct {
 	// LabelKeys are the pod labels the watcher sees: changes to others are
 	// not changes for it.
 	LabelKeys []string
+	// Withhold are related kinds the watcher may not see (its caller may
+	// not read them), each with the reason: its answers never carry their
+	// objects and name them Unavailable with that reason.
+	Withhold []Unavailable
+	// Workload asks for answers' Workload. The first watch that asks
+	// starts reading ReplicaSets and Jobs in every namespace; the last one
+	// to close stops it. Others never pay for them.
+	Workload bool
 }
 
 // Tracker answers address watches from one shared set of subscriptions: it
@@ -161,8 +169,17 @@ func (t *Tracker) Watch(req Request) *Watch {
 
 	keys := slices.Clone(req.LabelKeys)
 	slices.Sort(keys)
-	w := &Watch{t: t, inst: inst, keys: slices.Compact(keys)}
-	w.e = inst.add(netip.AddrPortFrom(req.Address.Addr().Unmap(), req.Address.Port()))
+	w := &Watch{t: t, inst: inst, keys: slices.Compact(keys), workload: req.Workload}
+	for _, u := range req.Withhold {
+		if w.withhold == nil {
+			w.withhold = map[schema.GroupVersionResource]string{}
+		}
+		w.withhold[u.Resource] = u.Reason
+	}
+	w.e, w.wl = inst.add(netip.AddrPortFrom(req.Address.Addr().Unmap(), req.Address.Port()), req.Workload)
+	if w.wl != nil {
+		w.wlSynced = w.wl.synced
+	}
 	t.metrics.subscribers.Inc()
 	return w
 }
@@ -188,30 +205,55 @@ type Watch struct {
 	inst *instance
 	e    *entry
 	keys []string
-	// last is the answer Next returned last; owned by Next's caller.
-	last      *Answer
-	closeOnce sync.Once
+	// withhold maps the related kinds the watcher may not see to why.
+	withhold map[schema.GroupVersionResource]string
+	workload bool
+	// wl is the workload readers this watch holds (nil if it did not ask,
+	// or its instance had failed); wlSynced is closed once they have read
+	// everything, and set to nil by Next once it has seen that.
+	wl       *workloads
+	wlSynced <-chan struct{}
+	// shared is the shared answer Next saw last, and last the answer it
+	// returned last (the watcher's view of a shared one); owned by Next's
+	// caller.
+	shared, last *Answer
+	closeOnce    sync.Once
 }
 
 // Next blocks until the address's answer differs from the one Next
 // returned last (seen through the request's label keys), or, the first
 // time, until there is an answer, and returns it. Answers are shared: do
 // not modify them. It returns an error when the tracker cannot answer (the
-// pod or a related subscription failed: the cause is wrapped, for example
+// pod subscription failed: the cause is wrapped, for example
 // cache.ErrNotSynced or cache.ErrStopped; Watch again to retry), or
-// ctx.Err().
+// ctx.Err(). A related kind, ReplicaSets or Jobs that cannot be read fail
+// nothing: answers name them Unavailable.
+//
+// A watch that asked for workloads gets its first answer once the
+// ReplicaSets and Jobs have been read too.
 func (w *Watch) Next(ctx context.Context) (*Answer, error) {
 	for {
 		st := w.e.state.Load()
 		if st.err != nil {
 			return nil, st.err
 		}
-		if a := st.answer; a != nil && a != w.last {
-			changed := w.last == nil || !sameAnswer(w.last, a, w.keys, false)
-			w.last = a
-			if changed {
+		if w.wlSynced != nil {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-st.changed:
+			case <-w.wlSynced:
+				w.wlSynced = nil
+			}
+			continue
+		}
+		if a := st.answer; a != nil && a != w.shared {
+			w.shared = a
+			v := w.view(a)
+			if w.last == nil || !sameAnswer(w.last, v, w.keys, false) {
+				w.last = v
 				w.t.metrics.updates.Inc()
-				return a, nil
+				return v, nil
 			}
 		}
 		select {
@@ -222,6 +264,39 @@ func (w *Watch) Next(ctx context.Context) (*Answer, error) {
 	}
 }
 
+// view returns a shared answer as the watcher sees it: without the
+// objects of the kinds it may not see, which it names Unavailable, and
+// without the workload (or what it depends on) unless it asked.
+func (w *Watch) view(a *Answer) *Answer {
+	ownerMissing := slices.ContainsFunc(a.Unavailable, func(u Unavailable) bool { return slices.Contains(ownerResources[:], u.Resource) })
+	if len(w.withhold) == 0 && (w.workload || a.Workload == nil && !ownerMissing) {
+		return a
+	}
+	v := *a
+	if !w.workload {
+		v.Workload = nil
+	}
+	if len(w.withhold) > 0 {
+		v.Related = slices.DeleteFunc(slices.Clone(a.Related), func(r Related) bool { _, ok := w.withhold[r.Resource]; return ok })
+	}
+	v.Unavailable = nil
+	for _, k := range w.t.opts.Related {
+		if reason, ok := w.withhold[k.Resource]; ok {
+			v.Unavailable = append(v.Unavailable, Unavailable{Resource: k.Resource, Reason: reason})
+		} else if i := slices.IndexFunc(a.Unavailable, func(u Unavailable) bool { return u.Resource == k.Resource }); i >= 0 {
+			v.Unavailable = append(v.Unavailable, a.Unavailable[i])
+		}
+	}
+	if w.workload {
+		for _, u := range a.Unavailable {
+			if slices.Contains(ownerResources[:], u.Resource) {
+				v.Unavailable = append(v.Unavailable, u)
+			}
+		}
+	}
+	return &v
+}
+
 // LabelKeys returns the request's label keys, sorted, without duplicates.
 func (w *Watch) LabelKeys() []string { return w.keys }
 
@@ -229,7 +304,7 @@ func (w *Watch) LabelKeys() []string { return w.keys }
 // subscriptions and waits for its goroutines. It is idempotent.
 func (w *Watch) Close() {
 	w.closeOnce.Do(func() {
-		w.inst.remove(w.e)
+		w.inst.remove(w.e, w.wl)
 		w.t.metrics.subscribers.Dec()
 		w.t.release(w.inst)
 	})

@@ -39,6 +39,26 @@ type Answer struct {
 	// Claimants is how many live pods claim the address (see the package
 	// documentation for the rule that picks one).
 	Claimants int
+	// Workload is the pod's workload: its controller's controller through
+	// a ReplicaSet or a Job (a Deployment, a CronJob), else its controller
+	// (a StatefulSet, a DaemonSet, a ReplicaSet or Job that no one
+	// controls); nil when the pod has no controller, when its ReplicaSet's
+	// or Job's kind is Unavailable, and for a watch that did not ask
+	// (Request.Workload).
+	Workload *Owner
+	// Unavailable are the related kinds whose objects the answer lacks,
+	// and why, in the order of Options.Related, then ReplicaSets and Jobs
+	// (for a watch that asked for the workload). Shared: do not modify.
+	Unavailable []Unavailable
+}
+
+// Unavailable is a kind whose objects an answer lacks: the daemon cannot
+// read it, or the watcher may not (Request.Withhold). What depends on
+// other kinds is unaffected.
+type Unavailable struct {
+	Resource schema.GroupVersionResource
+	// Reason says why, for a person.
+	Reason string
 }
 
 // nobody is the answer for an address no pod is behind.
@@ -68,9 +88,12 @@ type Pod struct {
 	ports []Port
 }
 
-// Owner is a pod's controller.
+// Owner is a pod's controller, or its workload.
 type Owner struct {
 	APIVersion, Kind, Name string
+	// uid is the owner's UID, which a ReplicaSet or Job found by name must
+	// have to be the pod's controller.
+	uid string
 }
 
 // Port is a container port a pod declares.
@@ -113,8 +136,8 @@ func sameAnswer(a, b *Answer, keys []string, allLabels bool) bool {
 	if a == b {
 		return true
 	}
-	if a.Match != b.Match || a.Claimants != b.Claimants || !samePort(a.Port, b.Port) ||
-		!slices.EqualFunc(a.Related, b.Related, sameRelated) {
+	if a.Match != b.Match || a.Claimants != b.Claimants || !samePort(a.Port, b.Port) || !sameOwner(a.Workload, b.Workload) ||
+		!slices.EqualFunc(a.Related, b.Related, sameRelated) || !slices.Equal(a.Unavailable, b.Unavailable) {
 		return false
 	}
 	return samePod(a.Pod, b.Pod, keys, allLabels)
@@ -128,7 +151,7 @@ func samePod(a, b *Pod, keys []string, allLabels bool) bool {
 		a.Phase != b.Phase || a.Ready != b.Ready {
 		return false
 	}
-	if (a.Owner == nil) != (b.Owner == nil) || a.Owner != nil && *a.Owner != *b.Owner {
+	if !sameOwner(a.Owner, b.Owner) {
 		return false
 	}
 	if allLabels {
@@ -142,6 +165,13 @@ func samePod(a, b *Pod, keys []string, allLabels bool) bool {
 		}
 	}
 	return true
+}
+
+func sameOwner(a, b *Owner) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }
 
 func samePort(a, b *Port) bool {

@@ -80,12 +80,7 @@ func decodePod(o *cache.Object) (*Pod, error) {
 		p.Phase = string(corev1.PodPending)
 	}
 	p.created, _ = time.Parse(time.RFC3339, j.Metadata.CreationTimestamp)
-	for _, r := range j.Metadata.OwnerReferences {
-		if r.Controller != nil && *r.Controller {
-			p.Owner = &Owner{APIVersion: r.APIVersion, Kind: r.Kind, Name: r.Name}
-			break
-		}
-	}
+	p.Owner = controllerOf(j.Metadata.OwnerReferences)
 	if st.Phase == corev1.PodRunning {
 		for _, c := range st.Conditions {
 			if c.Type == corev1.PodReady {
@@ -124,6 +119,41 @@ func decodePod(o *cache.Object) (*Pod, error) {
 		}
 	}
 	return p, nil
+}
+
+// controllerOf returns the controller among an object's owner references;
+// nil if none is.
+func controllerOf(refs []metav1.OwnerReference) *Owner {
+	for _, r := range refs {
+		if r.Controller != nil && *r.Controller {
+			return &Owner{APIVersion: r.APIVersion, Kind: r.Kind, Name: r.Name, uid: string(r.UID)}
+		}
+	}
+	return nil
+}
+
+// ownerObj is what the workload index keeps of a ReplicaSet or a Job.
+type ownerObj struct {
+	uid string
+	// controller is the object's controller; nil when it has none.
+	controller *Owner
+}
+
+// decodeOwner returns what the workload index keeps of a ReplicaSet or a
+// Job in the cache's JSON.
+func decodeOwner(o *cache.Object) (*ownerObj, error) {
+	if cache.IsProtobuf(o.Data) {
+		return nil, fmt.Errorf("%s %s/%s: protobuf is not read here; subscribe in JSON", o.Kind, o.Namespace, o.Name)
+	}
+	var j struct {
+		Metadata struct {
+			OwnerReferences []metav1.OwnerReference `json:"ownerReferences"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(o.Data, &j); err != nil {
+		return nil, fmt.Errorf("%s %s/%s: %w", o.Kind, o.Namespace, o.Name, err)
+	}
+	return &ownerObj{uid: o.UID, controller: controllerOf(j.Metadata.OwnerReferences)}, nil
 }
 
 // appendIP appends the IP s unless it is empty, invalid or already there.

@@ -41,12 +41,26 @@
 // selector stopped matching leaves the answer.
 //
 // A kind the API server does not serve (its CustomResourceDefinition is not
-// installed) has no objects; answers gain them once it is served.
+// installed) has no objects; answers gain them once it is served. A kind
+// that cannot be read otherwise (the daemon may not list it, the informer
+// stopped) fails nothing: answers lack its objects and name it in
+// Unavailable, with the cause, and it is retried until it is read. A
+// watch may withhold kinds (its caller may not read them): its answers
+// never carry their objects and name them Unavailable.
+//
+// # Workloads
+//
+// A watch may ask for the pod's workload: the controller of its ReplicaSet
+// or Job (a Deployment, a CronJob), else its controller. The first such
+// watch opens one subscription to ReplicaSets and one to Jobs, shared by
+// every such watch and closed with the last; the others never pay for
+// them, and see no workload.
 //
 // # Changes only
 //
 // A Watch returns the first answer once the pods and every related kind
-// have synced, then each answer that differs from the last one it
+// have synced (or been found unreadable), and for a watch of the workload
+// the ReplicaSets and Jobs too, then each answer that differs from the last one it
 // returned, seen through the watcher's label keys: a pod event that changes
 // nothing in the answer returns nothing, and no answer is returned twice in
 // a row. A watcher that reads slowly gets the latest answer, never a queue
@@ -54,7 +68,8 @@
 //
 // # Concurrency
 //
-// One goroutine per subscription (pods, each related kind) reads the
+// One goroutine per subscription (pods, each related kind, ReplicaSets
+// and Jobs while a watch asks for workloads) reads the
 // cache's events in order and decodes them into small structs; one goroutine
 // owns the indexes and applies them, batch by batch, recomputing only the
 // addresses a batch touched, once each. Each watched address holds its

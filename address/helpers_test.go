@@ -38,6 +38,8 @@ type podOpts struct {
 	deleting      bool
 	created       time.Time
 	annotations   map[string]string
+	// owner replaces the default controller, a ReplicaSet "rs".
+	owner *metav1.OwnerReference
 }
 
 // podObject encodes a pod as the cache holds it.
@@ -60,6 +62,10 @@ func podObject(t testing.TB, o podOpts) *cache.Object {
 		ready = corev1.ConditionFalse
 	}
 	controller := true
+	owner := metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs", Controller: &controller}
+	if o.owner != nil {
+		owner = *o.owner
+	}
 	p := &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -67,7 +73,7 @@ func podObject(t testing.TB, o podOpts) *cache.Object {
 			CreationTimestamp: metav1.NewTime(o.created),
 			OwnerReferences: []metav1.OwnerReference{
 				{APIVersion: "v1", Kind: "ConfigMap", Name: "not-the-controller"},
-				{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs", Controller: &controller},
+				owner,
 			},
 		},
 		Spec: corev1.PodSpec{
@@ -176,11 +182,13 @@ func (f *fakeEvents) feed(t testing.TB, evs ...*cache.Event) {
 // fakeCluster is a Subscriber: each Subscribe of a served resource gets a
 // new fakeEvents, handed to the test on subs.
 type fakeCluster struct {
-	mu     sync.Mutex // guards served and podsFail
+	mu     sync.Mutex // guards served, podsFail and fail
 	served map[schema.GroupVersionResource]bool
 	// podsFail, if set, is what subscribing to pods returns.
 	podsFail error
-	subs     chan *subscription
+	// fail maps resources to what subscribing to them returns.
+	fail map[schema.GroupVersionResource]error
+	subs chan *subscription
 }
 
 type subscription struct {
@@ -198,9 +206,11 @@ func newFakeCluster(served ...schema.GroupVersionResource) *fakeCluster {
 
 func (c *fakeCluster) subscribe(ctx context.Context, req cache.Request) (Events, error) {
 	c.mu.Lock()
-	served, podsFail := c.served[req.GVR], c.podsFail
+	served, podsFail, fail := c.served[req.GVR], c.podsFail, c.fail[req.GVR]
 	c.mu.Unlock()
 	switch {
+	case fail != nil:
+		return nil, fail
 	case podsFail != nil && req.GVR == podsGVR:
 		return nil, podsFail
 	case !served && !req.WaitForResource:
@@ -212,6 +222,33 @@ func (c *fakeCluster) subscribe(ctx context.Context, req cache.Request) (Events,
 	s := &subscription{req: req, ev: newFakeEvents()}
 	c.subs <- s
 	return s.ev, nil
+}
+
+// setFail makes subscribing to r fail with err (nil: succeed).
+func (c *fakeCluster) setFail(r schema.GroupVersionResource, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fail == nil {
+		c.fail = map[schema.GroupVersionResource]error{}
+	}
+	c.fail[r] = err
+}
+
+// nextOf returns the next subscriptions made, one of each resource of rs,
+// in any order.
+func (c *fakeCluster) nextOf(t testing.TB, rs ...schema.GroupVersionResource) map[schema.GroupVersionResource]*subscription {
+	t.Helper()
+	got := map[schema.GroupVersionResource]*subscription{}
+	for range rs {
+		s := c.next(t)
+		got[s.req.GVR] = s
+	}
+	for _, r := range rs {
+		if got[r] == nil {
+			t.Fatalf("subscriptions %v, want one of each of %v", got, rs)
+		}
+	}
+	return got
 }
 
 // next returns the next subscription made.
@@ -246,13 +283,23 @@ func next(t testing.TB, w *Watch) *Answer {
 // pending reports whether Next would return an answer now.
 func pending(w *Watch) bool {
 	st := w.e.state.Load()
-	return st.err != nil || st.answer != nil && st.answer != w.last && (w.last == nil || !sameAnswer(w.last, st.answer, w.keys, false))
+	if st.err != nil {
+		return true
+	}
+	if w.wlSynced != nil {
+		select {
+		case <-w.wlSynced:
+		default:
+			return false
+		}
+	}
+	return st.answer != nil && st.answer != w.shared && (w.last == nil || !sameAnswer(w.last, w.view(st.answer), w.keys, false))
 }
 
 // describe summarizes an answer for comparisons in tests.
 func describe(a *Answer) string {
 	if a.Pod == nil {
-		return "none"
+		return "none" + describeUnavailable(a)
 	}
 	s := fmt.Sprintf("%s/%s uid=%s %s ready=%v match=%d claimants=%d", a.Pod.Namespace, a.Pod.Name, a.Pod.UID, a.Pod.Phase, a.Pod.Ready, a.Match, a.Claimants)
 	if a.Port != nil {
@@ -260,6 +307,18 @@ func describe(a *Answer) string {
 	}
 	for _, r := range a.Related {
 		s += fmt.Sprintf(" related=%s/%s%v", r.Namespace, r.Name, r.Fields)
+	}
+	if a.Workload != nil {
+		s += fmt.Sprintf(" workload=%s/%s", a.Workload.Kind, a.Workload.Name)
+	}
+	return s + describeUnavailable(a)
+}
+
+// describeUnavailable names the kinds an answer lacks.
+func describeUnavailable(a *Answer) string {
+	s := ""
+	for _, u := range a.Unavailable {
+		s += " unavailable=" + u.Resource.Resource
 	}
 	return s
 }

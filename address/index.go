@@ -1,9 +1,12 @@
 package address
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"sync/atomic"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // entry is one watched address: its current answer, published to its
@@ -50,6 +53,17 @@ type index struct {
 	byHost map[netip.AddrPort][]*Pod
 	// related are the related objects of each kind, by namespace and name.
 	related []map[string]map[string]*relObj
+	// owners are the ReplicaSets ([0]) and the Jobs ([1]) by namespace and
+	// name, read while a watch asks for workloads.
+	owners [2]map[objKey]*ownerObj
+	// workloads is set while the owners have been read in full: answers
+	// then carry workloads.
+	workloads bool
+	// missing maps each unavailable kind (a related kind, rsKind or
+	// jobKind) to why; unavailable lists them in answer order and is
+	// shared by answers (replaced, never modified).
+	missing     map[int]string
+	unavailable []Unavailable
 
 	// entries are the watched addresses.
 	entries map[netip.AddrPort]*entry
@@ -76,6 +90,8 @@ func newIndex(kinds []RelatedKind) *index {
 		entries:     map[netip.AddrPort]*entry{},
 		entriesByIP: map[netip.Addr][]*entry{},
 		byNamespace: map[string]map[*entry]struct{}{},
+		owners:      [2]map[objKey]*ownerObj{{}, {}},
+		missing:     map[int]string{},
 	}
 	for i := range x.related {
 		x.related[i] = map[string]map[string]*relObj{}
@@ -305,16 +321,140 @@ func (x *index) resolve(addr netip.AddrPort) *Answer {
 		match, cands = MatchHostPort, x.byHost[addr]
 	}
 	if len(cands) == 0 {
+		if len(x.unavailable) > 0 {
+			return &Answer{Unavailable: x.unavailable}
+		}
 		return nobody
 	}
 	p := best(cands)
-	a := &Answer{Pod: p, Match: match, Claimants: len(cands)}
+	a := &Answer{Pod: p, Match: match, Claimants: len(cands), Workload: x.workload(p), Unavailable: x.unavailable}
 	num := addr.Port()
 	if a.Port = p.portFor(addr, match); a.Port != nil && match == MatchHostPort {
 		num = a.Port.ContainerPort
 	}
 	a.Related = x.relatedFor(p, num, a.Port)
 	return a
+}
+
+// markAll marks every entry dirty (once the index has synced).
+func (x *index) markAll() {
+	if !x.synced {
+		return
+	}
+	for _, e := range x.entries {
+		x.mark(e)
+	}
+}
+
+// setMissing records that kind is unavailable for reason, or available
+// again if reason is "", marking every entry dirty if that changes.
+func (x *index) setMissing(kind int, reason string) {
+	if x.missing[kind] == reason {
+		return
+	}
+	if reason == "" {
+		delete(x.missing, kind)
+	} else {
+		x.missing[kind] = reason
+	}
+	var list []Unavailable
+	for _, k := range slices.SortedFunc(maps.Keys(x.missing), answerOrder) {
+		list = append(list, Unavailable{Resource: x.resourceOf(k), Reason: x.missing[k]})
+	}
+	x.unavailable = list
+	x.markAll()
+}
+
+// answerOrder orders kinds as answers list them: related kinds, then
+// ReplicaSets, then Jobs.
+func answerOrder(a, b int) int {
+	rank := func(k int) int {
+		if k < 0 {
+			return 1<<30 - k // rsKind, then jobKind
+		}
+		return k
+	}
+	return rank(a) - rank(b)
+}
+
+// resourceOf is the resource of a kind other than pods.
+func (x *index) resourceOf(kind int) schema.GroupVersionResource {
+	if slot, ok := ownerSlot(kind); ok {
+		return ownerResources[slot]
+	}
+	return x.kinds[kind].Resource
+}
+
+// setOwner makes o the ReplicaSet (slot 0) or Job (slot 1) at key (nil:
+// none), marking dirty the entries whose pod it controls when what
+// workloads read of it changed.
+func (x *index) setOwner(slot int, key objKey, o *ownerObj) {
+	old := x.owners[slot][key]
+	if o == nil {
+		delete(x.owners[slot], key)
+	} else {
+		x.owners[slot][key] = o
+	}
+	if old != nil && o != nil && old.uid == o.uid && sameOwner(old.controller, o.controller) || old == nil && o == nil {
+		return
+	}
+	if !x.synced || !x.workloads {
+		return
+	}
+	for e := range x.byNamespace[key.namespace] {
+		a := e.state.Load().answer
+		if a == nil || a.Pod == nil || a.Pod.Owner == nil {
+			continue
+		}
+		if s, ok := controllerSlot(a.Pod.Owner); ok && s == slot && a.Pod.Owner.Name == key.name {
+			x.mark(e)
+		}
+	}
+}
+
+// clearOwners forgets the ReplicaSets and Jobs: answers carry no
+// workloads until they are read again.
+func (x *index) clearOwners() {
+	x.owners = [2]map[objKey]*ownerObj{{}, {}}
+	x.workloads = false
+	x.setMissing(rsKind, "")
+	x.setMissing(jobKind, "")
+	x.markAll()
+}
+
+// workload returns p's workload (see Answer.Workload).
+func (x *index) workload(p *Pod) *Owner {
+	o := p.Owner
+	if !x.workloads || o == nil {
+		return nil
+	}
+	slot, ok := controllerSlot(o)
+	if !ok {
+		return o
+	}
+	if x.missing[ownerKinds[slot]] != "" {
+		return nil
+	}
+	parent := x.owners[slot][objKey{p.Namespace, o.Name}]
+	if parent == nil || parent.uid != o.uid || parent.controller == nil {
+		return o // not read yet (or another object of that name), or controlled by no one
+	}
+	return parent.controller
+}
+
+// controllerSlot says whether a pod's controller is a ReplicaSet (slot 0)
+// or a Job (slot 1), whose own controller is the pod's workload.
+func controllerSlot(o *Owner) (int, bool) {
+	gv, err := schema.ParseGroupVersion(o.APIVersion)
+	if err != nil {
+		return 0, false
+	}
+	for slot, r := range ownerResources {
+		if gv.Group == r.Group && o.Kind == ownerKindNames[slot] {
+			return slot, true
+		}
+	}
+	return 0, false
 }
 
 // best picks the answer among pods that claim one address: ready, else

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -17,9 +18,30 @@ import (
 
 var podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 
-// podKind is the kind of an update that carries pods; related kinds are
-// numbered from 0 in the order of Options.Related.
-const podKind = -1
+// Kinds of updates: related kinds are numbered from 0 in the order of
+// Options.Related; the others are negative.
+const (
+	podKind = -1
+	rsKind  = -2
+	jobKind = -3
+)
+
+// The kinds whose controllers are a pod's workload, in slot order (the
+// index's owners).
+var (
+	ownerKinds     = [2]int{rsKind, jobKind}
+	ownerKindNames = [2]string{"ReplicaSet", "Job"}
+	ownerResources = [2]schema.GroupVersionResource{
+		{Group: "apps", Version: "v1", Resource: "replicasets"},
+		{Group: "batch", Version: "v1", Resource: "jobs"},
+	}
+)
+
+// ownerSlot returns the slot of rsKind or jobKind.
+func ownerSlot(kind int) (int, bool) {
+	i := slices.Index(ownerKinds[:], kind)
+	return i, i >= 0
+}
 
 // batchSize is how many events a reader takes from its subscription at a
 // time.
@@ -50,12 +72,29 @@ type instance struct {
 	// refs counts the watches; guarded by Tracker.mu.
 	refs int
 
-	mu  sync.Mutex // guards idx, err and unsynced
+	mu  sync.Mutex // guards idx, err, unsynced, wl and wlGen
 	idx *index
 	// err is set when the instance can answer no more.
 	err error
 	// unsynced are the kinds not read in full yet: podKind and each
 	// related kind.
+	unsynced map[int]bool
+	// wl reads the ReplicaSets and Jobs while a watch asks for workloads;
+	// nil while none does. wlGen numbers its starts.
+	wl    *workloads
+	wlGen int
+}
+
+// workloads are the readers of ReplicaSets and Jobs, shared by the
+// watches that ask for workloads: started with the first, stopped with
+// the last. Its fields are guarded by instance.mu.
+type workloads struct {
+	refs   int
+	gen    int
+	cancel context.CancelFunc
+	// synced is closed once both kinds have been read in full (or found
+	// unavailable); unsynced are those not yet.
+	synced   chan struct{}
 	unsynced map[int]bool
 }
 
@@ -63,10 +102,16 @@ type instance struct {
 // or the error that stopped the reader.
 type update struct {
 	kind int
+	// gen is the workloads generation of a ReplicaSet or Job reader.
+	gen int
 	// replace says that the changes are the kind's whole set: a snapshot.
 	replace bool
+	// missing, with replace and no changes, says that the kind cannot be
+	// read, and why: it has no objects and answers name it Unavailable.
+	missing string
 	pods    []change[*Pod]
 	related []change[*relObj]
+	owners  []change[*ownerObj]
 	err     error
 }
 
@@ -91,9 +136,34 @@ func (t *Tracker) start() *instance {
 	go inst.own()
 	go inst.readPods()
 	for i := range t.opts.Related {
-		go inst.readRelated(i)
+		kind := &t.opts.Related[i]
+		go readKind(inst, inst.ctx, i, 0, kind.Resource, func(o *cache.Object) *relObj {
+			r, err := kind.decode(o)
+			if err != nil {
+				inst.log.Warn("address: related object selects nothing", "resource", kind.Resource.String(), "object", keyString(keyOf(o)), "err", err)
+			}
+			return r
+		}, func(u *update, cs []change[*relObj]) { u.related = cs })
 	}
 	return inst
+}
+
+// startWorkloads starts the ReplicaSet and Job readers; inst.mu is held.
+func (inst *instance) startWorkloads() {
+	inst.wlGen++
+	ctx, cancel := context.WithCancel(inst.ctx)
+	wl := &workloads{gen: inst.wlGen, cancel: cancel, synced: make(chan struct{}), unsynced: map[int]bool{rsKind: true, jobKind: true}}
+	inst.wl = wl
+	inst.wg.Add(len(ownerKinds))
+	for slot, kind := range ownerKinds {
+		go readKind(inst, ctx, kind, wl.gen, ownerResources[slot], func(o *cache.Object) *ownerObj {
+			r, err := decodeOwner(o)
+			if err != nil {
+				inst.log.Warn("address: owner ignored", "resource", ownerResources[slot].String(), "object", keyString(keyOf(o)), "err", err)
+			}
+			return r
+		}, func(u *update, cs []change[*ownerObj]) { u.owners = cs })
+	}
 }
 
 // stop ends the instance's goroutines and waits for them.
@@ -108,16 +178,40 @@ func (inst *instance) failed() bool {
 	return inst.err != nil
 }
 
-func (inst *instance) add(addr netip.AddrPort) *entry {
+// add registers a watch of addr; with workload, it holds the workload
+// readers (starting them if it is the first), returned with it.
+func (inst *instance) add(addr netip.AddrPort, workload bool) (*entry, *workloads) {
 	inst.mu.Lock()
 	defer inst.mu.Unlock()
-	return inst.idx.add(addr, inst.err)
+	var wl *workloads
+	if workload && inst.err == nil {
+		if inst.wl == nil {
+			inst.startWorkloads()
+		}
+		wl = inst.wl
+		wl.refs++
+	}
+	return inst.idx.add(addr, inst.err), wl
 }
 
-func (inst *instance) remove(e *entry) {
+// remove unregisters a watch, and its hold on wl if not nil: the last one
+// stops the workload readers, and answers carry no workloads any more.
+func (inst *instance) remove(e *entry, wl *workloads) {
 	inst.mu.Lock()
 	defer inst.mu.Unlock()
 	inst.idx.remove(e)
+	if wl == nil {
+		return
+	}
+	if wl.refs--; wl.refs > 0 || inst.wl != wl {
+		return
+	}
+	wl.cancel()
+	inst.wl = nil
+	if inst.err == nil {
+		inst.idx.clearOwners()
+		inst.idx.flush()
+	}
 }
 
 // own applies the readers' updates until the instance stops or fails.
@@ -147,6 +241,9 @@ func (inst *instance) apply(u update) bool {
 		inst.log.Warn("address answers stopped", "err", u.err)
 		return false
 	}
+	if slot, ok := ownerSlot(u.kind); ok {
+		return inst.applyOwners(slot, u)
+	}
 	if u.kind == podKind {
 		if u.replace {
 			inst.replacePods(u.pods)
@@ -157,6 +254,7 @@ func (inst *instance) apply(u update) bool {
 	} else {
 		if u.replace {
 			inst.replaceRelated(u.kind, u.related)
+			x.setMissing(u.kind, u.missing)
 		}
 		for _, c := range u.related {
 			x.setRelated(u.kind, c.key, c.obj)
@@ -167,6 +265,42 @@ func (inst *instance) apply(u update) bool {
 		if len(inst.unsynced) == 0 {
 			x.synced = true
 			x.publishAll(nil)
+			return true
+		}
+	}
+	x.flush()
+	return true
+}
+
+// applyOwners applies an update of ReplicaSets (slot 0) or Jobs (slot 1),
+// unless it comes from readers since stopped; with inst.mu held.
+func (inst *instance) applyOwners(slot int, u update) bool {
+	x, wl := inst.idx, inst.wl
+	if wl == nil || wl.gen != u.gen {
+		return true
+	}
+	if u.replace {
+		keep := make(map[objKey]bool, len(u.owners))
+		for _, c := range u.owners {
+			keep[c.key] = true
+		}
+		for k := range x.owners[slot] {
+			if !keep[k] {
+				x.setOwner(slot, k, nil)
+			}
+		}
+		x.setMissing(u.kind, u.missing)
+	}
+	for _, c := range u.owners {
+		x.setOwner(slot, c.key, c.obj)
+	}
+	if u.replace && wl.unsynced[u.kind] {
+		delete(wl.unsynced, u.kind)
+		if len(wl.unsynced) == 0 {
+			x.workloads = true
+			x.markAll()
+			x.flush()
+			close(wl.synced)
 			return true
 		}
 	}
@@ -205,12 +339,13 @@ func (inst *instance) replaceRelated(kind int, snap []change[*relObj]) {
 	}
 }
 
-// send hands u to the owner; false if the instance stopped meanwhile.
-func (inst *instance) send(u update) bool {
+// send hands u to the owner; false if ctx (the instance's, or a reader's
+// own) ended meanwhile.
+func (inst *instance) send(ctx context.Context, u update) bool {
 	select {
 	case inst.in <- u:
 		return true
-	case <-inst.ctx.Done():
+	case <-ctx.Done():
 		return false
 	}
 }
@@ -231,50 +366,64 @@ func (inst *instance) readPods() {
 		}
 		return p
 	}, func(replace bool, cs []change[*Pod]) bool {
-		return inst.send(update{kind: podKind, replace: replace, pods: cs})
+		return inst.send(inst.ctx, update{kind: podKind, replace: replace, pods: cs})
 	})
 	inst.fail(fmt.Errorf("address: watching pods: %w", err))
 }
 
-// readRelated reads the subscription of related kind i. While its
-// resource is not served, the kind has no objects.
-func (inst *instance) readRelated(i int) {
+// readKind reads the subscription of a kind other than pods (of resource
+// gvr) until ctx ends, handing its changes to the owner (set puts them in
+// an update). While the resource is not served, the kind has no objects.
+// While it cannot be read otherwise (the daemon may not list it, say), it
+// has none either and answers name it Unavailable, with the cause, until a
+// retry reads it: nothing else of the answers depends on it.
+func readKind[T comparable](inst *instance, ctx context.Context, kind, gen int, gvr schema.GroupVersionResource, decode func(*cache.Object) T, set func(*update, []change[T])) {
 	defer inst.wg.Done()
-	kind := &inst.opts.Related[i]
-	emit := func(replace bool, cs []change[*relObj]) bool {
-		return inst.send(update{kind: i, replace: replace, related: cs})
+	emit := func(replace bool, cs []change[T]) bool {
+		u := update{kind: kind, gen: gen, replace: replace}
+		set(&u, cs)
+		return inst.send(ctx, u)
 	}
-	wait := false // the first try is a plain subscription; later ones wait for the resource
+	wait := false // the first try is a plain subscription; later ones wait for a resource not served
 	retry := backoff.Backoff{Initial: minRewatch, Max: maxRewatch}
-	for inst.ctx.Err() == nil {
-		ev, err := inst.opts.Subscribe(inst.ctx, cache.Request{GVR: kind.Resource, Holder: inst.opts.Holder, Owner: cache.OwnerInternal, WaitForResource: wait})
+	missing := ""
+	for ctx.Err() == nil {
+		ev, err := inst.opts.Subscribe(ctx, cache.Request{GVR: gvr, Holder: inst.opts.Holder, Owner: cache.OwnerInternal, WaitForResource: wait})
 		if err == nil {
 			retry.Reset()
-			err = read(inst.ctx, ev, func(o *cache.Object) *relObj {
-				r, err := kind.decode(o)
-				if err != nil {
-					inst.log.Warn("address: related object selects nothing", "resource", kind.Resource.String(), "object", keyString(keyOf(o)), "err", err)
-				}
-				return r
-			}, emit)
+			if missing != "" {
+				inst.log.Info("address: kind readable again", "resource", gvr.String())
+				missing = ""
+			}
+			err = read(ctx, ev, decode, emit)
 			ev.Close()
 		}
 		switch {
-		case inst.ctx.Err() != nil:
+		case ctx.Err() != nil:
 			return
 		case errors.Is(err, cache.ErrUnknownResource), errors.Is(err, cache.ErrResourceRemoved):
 			// Not served (any more): no objects, until it is.
 			if !emit(true, nil) {
 				return
 			}
-			inst.log.Info("address: related resource not served; waiting for it", "resource", kind.Resource.String(), "err", err)
-			if wait && retry.Wait(inst.ctx) != nil {
+			inst.log.Info("address: resource not served; waiting for it", "resource", gvr.String(), "err", err)
+			if wait && retry.Wait(ctx) != nil {
 				return
 			}
 			wait = true
 		default:
-			inst.fail(fmt.Errorf("address: watching %s: %w", kind.Resource, err))
-			return
+			reason := err.Error()
+			if !inst.send(ctx, update{kind: kind, gen: gen, replace: true, missing: reason}) {
+				return
+			}
+			if reason != missing {
+				inst.log.Warn("address: kind unavailable; answers name it, and it is retried", "resource", gvr.String(), "err", err)
+				missing = reason
+			}
+			if retry.Wait(ctx) != nil {
+				return
+			}
+			wait = false
 		}
 	}
 }
@@ -283,7 +432,7 @@ func (inst *instance) readRelated(i int) {
 // is stopping.
 func (inst *instance) fail(err error) {
 	if inst.ctx.Err() == nil {
-		inst.send(update{err: err})
+		inst.send(inst.ctx, update{err: err})
 	}
 }
 

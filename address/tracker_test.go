@@ -3,6 +3,7 @@ package address
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -243,4 +244,92 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("metric %s not registered", name)
 	return 0
+}
+
+// TestRelatedKindUnavailable: a related kind that cannot be read (here
+// the daemon may not list it) fails nothing: every address is answered
+// without its objects, naming it Unavailable with the cause; once a retry
+// reads it, answers gain its objects. A kind that fails after it was read
+// loses its objects the same way.
+func TestRelatedKindUnavailable(t *testing.T) {
+	tr, c, _ := newTestTracker(t, true)
+	forbidden := fmt.Errorf("%w: servers: servers.policy.test is forbidden: cannot list", cache.ErrNotSynced)
+	c.setFail(servers.Resource, forbidden)
+	w := tr.Watch(Request{Address: ap("10.0.0.1:8080")})
+	defer w.Close()
+	bystander := tr.Watch(Request{Address: ap("10.0.0.2:8080")})
+	defer bystander.Close()
+	pods := c.next(t)
+	web := podOpts{name: "web", ip: "10.0.0.1", labels: map[string]string{"app": "web"}, ports: []corev1.ContainerPort{tcp("http", 8080)}}
+	pods.ev.feed(t, added(podObject(t, web)), added(podObject(t, podOpts{name: "b", ip: "10.0.0.2"})), synced())
+	const pod = "ns/web uid=web-uid Running ready=true match=1 claimants=1 port=http/8080/0/TCP"
+	a := next(t, w)
+	if got := describe(a); got != pod+" unavailable=servers" {
+		t.Fatalf("answer while servers cannot be read: %s", got)
+	}
+	if a.Unavailable[0].Resource != servers.Resource || !strings.Contains(a.Unavailable[0].Reason, "forbidden") {
+		t.Fatalf("unavailable %+v, want servers with the cause", a.Unavailable)
+	}
+	if got := describe(next(t, bystander)); got != "ns/b uid=b-uid Running ready=true match=1 claimants=1 unavailable=servers" {
+		t.Fatalf("bystander: %s", got)
+	}
+	// A pod change is still answered.
+	web.notReady = true
+	pods.ev.feed(t, modified(podObject(t, web)))
+	if got := describe(next(t, w)); !strings.Contains(got, "ready=false") || !strings.HasSuffix(got, "unavailable=servers") {
+		t.Fatalf("after a pod change: %s", got)
+	}
+
+	// Readable now: the retry reads it.
+	c.setFail(servers.Resource, nil)
+	srvs := c.next(t)
+	if srvs.req.GVR != servers.Resource {
+		t.Fatalf("retry subscribed to %s", srvs.req.GVR)
+	}
+	srvs.ev.feed(t, added(serverObject(t, "ns", "s", map[string]string{"app": "web"}, "http", "opaque")), synced())
+	const withServer = "ns/web uid=web-uid Running ready=false match=1 claimants=1 port=http/8080/0/TCP related=ns/smap[spec.proxyProtocol:\"opaque\"]"
+	if got := describe(next(t, w)); got != withServer {
+		t.Fatalf("once servers are readable: %s", got)
+	}
+
+	// It fails after it was read: its objects leave, the rest stays.
+	srvs.ev.end <- fmt.Errorf("%w: upstream said no", cache.ErrRejected)
+	if got := describe(next(t, w)); got != "ns/web uid=web-uid Running ready=false match=1 claimants=1 port=http/8080/0/TCP unavailable=servers" {
+		t.Fatalf("after servers failed: %s", got)
+	}
+	c.next(t).ev.feed(t, added(serverObject(t, "ns", "s", map[string]string{"app": "web"}, "http", "opaque")), synced())
+	if got := describe(next(t, w)); got != withServer {
+		t.Fatalf("once servers are read again: %s", got)
+	}
+}
+
+// TestWatchWithhold: a watch whose caller may not read a related kind gets
+// answers without its objects, naming it Unavailable with the reason, and
+// no answer for a change of them; a watch of the same address that may
+// read it sees them.
+func TestWatchWithhold(t *testing.T) {
+	tr, c, _ := newTestTracker(t, true)
+	withheld := tr.Watch(Request{Address: ap("10.0.0.1:8080"), Withhold: []Unavailable{{Resource: servers.Resource, Reason: "may not list servers"}}})
+	defer withheld.Close()
+	full := tr.Watch(Request{Address: ap("10.0.0.1:8080")})
+	defer full.Close()
+	subs := c.nextOf(t, podsGVR, servers.Resource)
+	web := podOpts{name: "web", ip: "10.0.0.1", labels: map[string]string{"app": "web"}, ports: []corev1.ContainerPort{tcp("http", 8080)}}
+	subs[podsGVR].ev.feed(t, added(podObject(t, web)), synced())
+	subs[servers.Resource].ev.feed(t, added(serverObject(t, "ns", "s", map[string]string{"app": "web"}, "http", "opaque")), synced())
+	const pod = "ns/web uid=web-uid Running ready=true match=1 claimants=1 port=http/8080/0/TCP"
+	a := next(t, withheld)
+	if got := describe(a); got != pod+" unavailable=servers" || a.Unavailable[0].Reason != "may not list servers" {
+		t.Fatalf("withheld watch: %s %+v", got, a.Unavailable)
+	}
+	if got := describe(next(t, full)); got != pod+` related=ns/smap[spec.proxyProtocol:"opaque"]` {
+		t.Fatalf("full watch: %s", got)
+	}
+	subs[servers.Resource].ev.feed(t, modified(serverObject(t, "ns", "s", map[string]string{"app": "web"}, "http", "HTTP/2")))
+	if got := describe(next(t, full)); got != pod+` related=ns/smap[spec.proxyProtocol:"HTTP/2"]` {
+		t.Fatalf("full watch after the server changed: %s", got)
+	}
+	if pending(withheld) {
+		t.Fatalf("the withheld watch has an answer for a server change: %s", describe(withheld.e.state.Load().answer))
+	}
 }

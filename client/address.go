@@ -18,11 +18,17 @@ type AddressOptions struct {
 	LabelKeys []string
 	// ClientName identifies this client in the daemon's logs.
 	ClientName string
+	// Workload asks for the pod's workload in answers (AddressPod.workload:
+	// the Deployment or CronJob through its ReplicaSet or Job, else the
+	// controller). The caller must be allowed to list and watch
+	// replicasets.apps and jobs.batch in all namespaces.
+	Workload bool
 }
 
 func (o AddressOptions) request() *informerdv1.WatchAddressRequest {
 	return &informerdv1.WatchAddressRequest{
 		Ip: o.Address.Addr().String(), Port: uint32(o.Address.Port()), LabelKeys: o.LabelKeys, ClientName: o.ClientName,
+		Workload: o.Workload,
 	}
 }
 

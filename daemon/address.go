@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/informerd/informerd/address"
+	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/cache"
 	"github.com/informerd/informerd/internal/quote"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
@@ -17,8 +19,15 @@ import (
 // maxLabelKeys bounds WatchAddressRequest.label_keys.
 const maxLabelKeys = 32
 
+// workloadReads are what a stream that asks for workloads reads besides:
+// ReplicaSets and Jobs in every namespace, as pods.
+var workloadReads = []access{
+	{GVR: schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "replicasets"}},
+	{GVR: schema.GroupVersionResource{Group: "batch", Version: "v1", Resource: "jobs"}},
+}
+
 // newAddresses returns the address Tracker of a Server and what its
-// streams read: pods in every namespace and each related kind.
+// streams read: pods in every namespace, then each related kind.
 func newAddresses(opts Options) (*address.Tracker, []access, error) {
 	t, err := address.New(address.Options{
 		Subscribe: address.CacheSubscriber(opts.Cache), Related: opts.AddressRelated,
@@ -38,7 +47,9 @@ func newAddresses(opts Options) (*address.Tracker, []access, error) {
 // hold what the answers read, watch the address, then send each answer
 // that differs from the last one sent, until the client leaves, the
 // answers fail, a re-check revokes the caller's grant, or the daemon shuts
-// down.
+// down. The caller must be allowed pods (and, if it asks for workloads,
+// ReplicaSets and Jobs); a related kind it may not read (or hold) is
+// withheld from its answers, which name it unavailable.
 func (s *Server) WatchAddress(req *informerdv1.WatchAddressRequest, stream informerdv1.InformerService_WatchAddressServer) (err error) {
 	areq, holder, err := validateWatchAddress(req)
 	if err != nil {
@@ -49,9 +60,22 @@ func (s *Server) WatchAddress(req *informerdv1.WatchAddressRequest, stream infor
 		return err
 	}
 	defer func() { err = c.end(err) }()
-	for _, a := range s.addressReads {
+	required := s.addressReads[:1]
+	if areq.Workload {
+		required = append(slices.Clip(required), workloadReads...)
+	}
+	for _, a := range required {
 		if err := c.hold(a); err != nil && !errors.Is(err, cache.ErrUnknownResource) {
-			return err // a related kind not served is not read: see address.Tracker
+			return err
+		}
+	}
+	for _, a := range s.addressReads[1:] {
+		switch err := c.hold(a); {
+		case err == nil, errors.Is(err, cache.ErrUnknownResource): // not served: no objects, see address.Tracker
+		case errors.Is(err, auth.ErrDenied), errors.Is(err, errSensitive), errors.Is(err, cache.ErrLimit):
+			areq.Withhold = append(areq.Withhold, address.Unavailable{Resource: a.GVR, Reason: err.Error()})
+		default:
+			return err
 		}
 	}
 	w := s.addresses.Watch(areq)
@@ -98,12 +122,15 @@ func validateWatchAddress(req *informerdv1.WatchAddressRequest) (address.Request
 	if err != nil {
 		return address.Request{}, "", err
 	}
-	return address.Request{Address: netip.AddrPortFrom(ip, uint16(req.GetPort())), LabelKeys: keys}, name, nil
+	return address.Request{Address: netip.AddrPortFrom(ip, uint16(req.GetPort())), LabelKeys: keys, Workload: req.GetWorkload()}, name, nil
 }
 
 // answerProto converts an answer, with the pod's labels among keys.
 func answerProto(a *address.Answer, keys []string) *informerdv1.WatchAddressResponse {
 	resp := &informerdv1.WatchAddressResponse{Claimants: uint32(a.Claimants)}
+	for _, u := range a.Unavailable {
+		resp.Unavailable = append(resp.Unavailable, &informerdv1.UnavailableKind{Resource: gvrProto(u.Resource), Reason: u.Reason})
+	}
 	p := a.Pod
 	if p == nil {
 		return resp
@@ -117,6 +144,9 @@ func answerProto(a *address.Answer, keys []string) *informerdv1.WatchAddressResp
 	}
 	if o := p.Owner; o != nil {
 		resp.Pod.Owner = &informerdv1.PodOwner{ApiVersion: o.APIVersion, Kind: o.Kind, Name: o.Name}
+	}
+	if o := a.Workload; o != nil {
+		resp.Pod.Workload = &informerdv1.PodOwner{ApiVersion: o.APIVersion, Kind: o.Kind, Name: o.Name}
 	}
 	switch a.Match {
 	case address.MatchPodIP:
@@ -132,9 +162,13 @@ func answerProto(a *address.Answer, keys []string) *informerdv1.WatchAddressResp
 	}
 	for _, r := range a.Related {
 		resp.Related = append(resp.Related, &informerdv1.RelatedObject{
-			Resource:  &informerdv1.GroupVersionResource{Group: r.Resource.Group, Version: r.Resource.Version, Resource: r.Resource.Resource},
+			Resource:  gvrProto(r.Resource),
 			Namespace: r.Namespace, Name: r.Name, Fields: r.Fields,
 		})
 	}
 	return resp
+}
+
+func gvrProto(r schema.GroupVersionResource) *informerdv1.GroupVersionResource {
+	return &informerdv1.GroupVersionResource{Group: r.Group, Version: r.Version, Resource: r.Resource}
 }

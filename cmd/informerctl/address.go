@@ -28,6 +28,7 @@ var addressCommand = newCommand("address", "IP:PORT",
 	func(fs *flag.FlagSet, o *addressFlags) {
 		fs.BoolVar(&o.follow, "w", false, "watch: print every change until stopped")
 		fs.StringVar(&o.labels, "labels", "", "comma-separated pod label keys to show")
+		fs.BoolVar(&o.o.Workload, "workload", false, "show the pod's workload (Deployment, CronJob, StatefulSet...): needs list/watch on replicasets.apps and jobs.batch")
 		fs.StringVar(&o.o.ClientName, "name", "informerctl", "client name shown in the daemon's logs")
 	}, addressCmd)
 
@@ -73,11 +74,12 @@ func addressCmd(ctx context.Context, e *env, f *addressFlags, args []string) err
 }
 
 // formatAnswer prints an answer on one line: "no pod", or the pod and
-// space-separated key=value fields, related objects last.
+// space-separated key=value fields, related objects then unavailable
+// kinds (with the reason, quoted) last.
 func formatAnswer(a *informerdv1.WatchAddressResponse) string {
 	p := a.GetPod()
 	if p == nil {
-		return "no pod"
+		return strings.Join(append([]string{"no pod"}, formatUnavailable(a)...), " ")
 	}
 	f := []string{
 		"pod " + p.GetNamespace() + "/" + p.GetName(),
@@ -95,6 +97,9 @@ func formatAnswer(a *informerdv1.WatchAddressResponse) string {
 	if o := p.GetOwner(); o != nil {
 		f = append(f, "owner="+o.GetKind()+"/"+o.GetName())
 	}
+	if o := p.GetWorkload(); o != nil {
+		f = append(f, "workload="+o.GetKind()+"/"+o.GetName())
+	}
 	if sa := p.GetServiceAccount(); sa != "" {
 		f = append(f, "serviceAccount="+sa)
 	}
@@ -109,11 +114,24 @@ func formatAnswer(a *informerdv1.WatchAddressResponse) string {
 		for _, k := range slices.Sorted(maps.Keys(r.GetFields())) {
 			kv = append(kv, k+"="+r.GetFields()[k])
 		}
-		res := r.GetResource().GetResource()
-		if g := r.GetResource().GetGroup(); g != "" {
-			res += "." + g
-		}
-		f = append(f, "related="+res+"/"+r.GetNamespace()+"/"+r.GetName()+"{"+strings.Join(kv, ",")+"}")
+		f = append(f, "related="+groupResource(r.GetResource())+"/"+r.GetNamespace()+"/"+r.GetName()+"{"+strings.Join(kv, ",")+"}")
 	}
-	return strings.Join(f, " ")
+	return strings.Join(append(f, formatUnavailable(a)...), " ")
+}
+
+// formatUnavailable prints an answer's unavailable kinds.
+func formatUnavailable(a *informerdv1.WatchAddressResponse) []string {
+	var f []string
+	for _, u := range a.GetUnavailable() {
+		f = append(f, fmt.Sprintf("unavailable=%s:%q", groupResource(u.GetResource()), u.GetReason()))
+	}
+	return f
+}
+
+// groupResource prints a resource as resource.group.
+func groupResource(r *informerdv1.GroupVersionResource) string {
+	if g := r.GetGroup(); g != "" {
+		return r.GetResource() + "." + g
+	}
+	return r.GetResource()
 }

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,10 +63,15 @@ type addressStream struct {
 func watchAddress(t *testing.T, c *client.Client, addr string, labelKeys ...string) *addressStream {
 	t.Helper()
 	ap := netip.MustParseAddrPort(addr)
+	return openAddress(t, c, &informerdv1.WatchAddressRequest{Ip: ap.Addr().String(), Port: uint32(ap.Port()), LabelKeys: labelKeys})
+}
+
+// openAddress opens a raw stream of req, ended when the test ends.
+func openAddress(t *testing.T, c *client.Client, req *informerdv1.WatchAddressRequest) *addressStream {
+	t.Helper()
+	req.ClientName = t.Name()
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := c.API().WatchAddress(ctx, &informerdv1.WatchAddressRequest{
-		Ip: ap.Addr().String(), Port: uint32(ap.Port()), LabelKeys: labelKeys, ClientName: t.Name(),
-	})
+	s, err := c.API().WatchAddress(ctx, req)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -109,7 +115,7 @@ func (s *addressStream) expect(ctx context.Context, t *testing.T, want string) *
 func summary(a *informerdv1.WatchAddressResponse) string {
 	p := a.GetPod()
 	if p == nil {
-		return "none"
+		return "none" + unavailableSummary(a)
 	}
 	s := fmt.Sprintf("%s %s ready=%v %s", p.GetName(), p.GetPhase(), p.GetReady(), strings.ToLower(strings.TrimPrefix(a.GetMatch().String(), "ADDRESS_MATCH_")))
 	if pt := a.GetPort(); pt != nil {
@@ -120,6 +126,18 @@ func summary(a *informerdv1.WatchAddressResponse) string {
 	}
 	for _, r := range a.GetRelated() {
 		s += " related=" + r.GetName() + r.GetFields()["spec.proxyProtocol"]
+	}
+	if w := p.GetWorkload(); w != nil {
+		s += " workload=" + w.GetKind() + "/" + w.GetName()
+	}
+	return s + unavailableSummary(a)
+}
+
+// unavailableSummary names an answer's unavailable kinds.
+func unavailableSummary(a *informerdv1.WatchAddressResponse) string {
+	s := ""
+	for _, u := range a.GetUnavailable() {
+		s += " unavailable=" + u.GetResource().GetResource()
 	}
 	return s
 }
@@ -505,4 +523,172 @@ func rvAtLeast(rv, want string) bool {
 	_, errA := fmt.Sscan(rv, &a)
 	_, errB := fmt.Sscan(want, &b)
 	return errA == nil && errB == nil && a >= b
+}
+
+// TestAddressRelatedKindUnavailable: the daemon may not read the related
+// kind. Every stream is still answered, without its objects, naming it
+// unavailable with the API server's refusal (each stream used to fail
+// with UNAVAILABLE, and every reconnect the same way); once the daemon may
+// read it, answers gain its objects. A caller that may not read the kind
+// is answered too, never with its objects: its answers name it
+// unavailable with the caller's missing permission. No stream asked for
+// workloads: the daemon reads no ReplicaSets or Jobs.
+func TestAddressRelatedKindUnavailable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dyn := dynamic.NewForConfigOrDie(env.RESTConfig())
+	createCRD(ctx, t, dyn, serversGVR, "Server")
+	ns := podNamespace(ctx, t, "unreadable")
+	http := []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
+	web := createPod(ctx, t, ns, podSpec{name: "web", labels: map[string]string{"app": "web"}, ports: http})
+	other := createPod(ctx, t, ns, podSpec{name: "other", labels: map[string]string{"app": "other"}, ports: http})
+	if _, err := dyn.Resource(serversGVR).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "address.informerd.dev/v1", "kind": "Server",
+		"metadata": map[string]any{"name": "s1", "namespace": ns},
+		"spec":     map[string]any{"podSelector": map[string]any{"matchLabels": map[string]any{"app": "web"}}, "port": "http", "proxyProtocol": "opaque"},
+	}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The daemon's own identity may read pods, not servers.
+	daemonNS, daemonSA := newServiceAccount(t)
+	grant(t, daemonNS, daemonSA, readsPods)
+	token, err := controlplane.ServiceAccountToken(ctx, kubernetes.NewForConfigOrDie(env.RESTConfig()), daemonNS, daemonSA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, cache.Options{Config: env.TokenConfig(token)}, withServers)
+
+	const webBase, otherBase = "web Running ready=true pod_ip port=http/8080/0", "other Running ready=true pod_ip port=http/8080/0"
+	full := watchAddress(t, d.dial(t, readsPods, reads(serversGVR, "")), web.Status.PodIP+":8080")
+	a := full.expect(ctx, t, webBase+" unavailable=servers")
+	if u := a.GetUnavailable()[0]; u.GetResource().GetGroup() != serversGVR.Group || !strings.Contains(u.GetReason(), "forbidden") {
+		t.Fatalf("unavailable %v, want servers with the API server's refusal", u)
+	}
+	bystander := watchAddress(t, d.dial(t, readsPods, reads(serversGVR, "")), other.Status.PodIP+":8080")
+	bystander.expect(ctx, t, otherBase+" unavailable=servers")
+	podsOnly := watchAddress(t, d.dial(t, readsPods), web.Status.PodIP+":8080")
+	a = podsOnly.expect(ctx, t, webBase+" unavailable=servers")
+	if reason := a.GetUnavailable()[0].GetReason(); !strings.Contains(reason, "may not") {
+		t.Fatalf("the pods-only caller's reason %q, want its missing permission", reason)
+	}
+
+	// The daemon may read servers now: the answers that may see them gain them.
+	grant(t, daemonNS, daemonSA, readsPods, reads(serversGVR, ""))
+	full.expect(ctx, t, webBase+` related=s1"opaque"`)
+	bystander.expect(ctx, t, otherBase)
+	// The pods-only caller's next answer is the readiness flip, still
+	// without the server.
+	setReady(ctx, t, ns, "web", false)
+	podsOnly.expect(ctx, t, "web Running ready=false pod_ip port=http/8080/0 unavailable=servers")
+	full.expect(ctx, t, `web Running ready=false pod_ip port=http/8080/0 related=s1"opaque"`)
+
+	for _, src := range d.mgr.Sources() {
+		if src.Key.GVR.Resource == "replicasets" || src.Key.GVR.Resource == "jobs" {
+			t.Fatalf("no stream asked for workloads, yet the daemon reads %s", src.Key)
+		}
+	}
+}
+
+// TestAddressWorkload: a stream that asks for the workload gets the pod's
+// Deployment, resolved through its ReplicaSet (the controller is still
+// reported as owner); a stream that does not ask gets none; a caller that
+// may not read ReplicaSets and Jobs everywhere is refused; and the
+// workload follows the owner chain: a ReplicaSet's pod reports the
+// ReplicaSet until a Deployment adopts it. informerctl prints it.
+func TestAddressWorkload(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := podNamespace(ctx, t, "workload")
+	admin := kubernetes.NewForConfigOrDie(env.RESTConfig())
+	template := func(app string) corev1.PodTemplateSpec {
+		return corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": app}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{
+				Name: "app", Image: "registry.invalid/none:1", Ports: []corev1.ContainerPort{{ContainerPort: 8080}},
+			}}},
+		}
+	}
+	deployment := func(app string) *appsv1.Deployment {
+		return &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Name: app},
+			Spec:       appsv1.DeploymentSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}, Template: template(app)},
+		}
+	}
+	if _, err := admin.AppsV1().Deployments(ns).Create(ctx, deployment("web"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// An orphan ReplicaSet, which a Deployment adopts below.
+	if _, err := admin.AppsV1().ReplicaSets(ns).Create(ctx, &appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "solo", Labels: map[string]string{"app": "solo"}},
+		Spec:       appsv1.ReplicaSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "solo"}}, Template: template("solo")},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	web, solo := podWithIP(ctx, t, ns, "app=web"), podWithIP(ctx, t, ns, "app=solo")
+
+	d := startDaemon(t, cache.Options{})
+	replicaSets := reads(schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "replicasets"}, "")
+	jobs := reads(schema.GroupVersionResource{Group: "batch", Version: "v1", Resource: "jobs"}, "")
+	c := d.dial(t, readsPods, replicaSets, jobs)
+	workload := func(pod *corev1.Pod) *addressStream {
+		return openAddress(t, c, &informerdv1.WatchAddressRequest{Ip: pod.Status.PodIP, Port: 8080, Workload: true, LabelKeys: []string{"pod-template-hash"}})
+	}
+	s := workload(web)
+	a := s.expect(ctx, t, fmt.Sprintf("%s Running ready=true pod_ip port=/8080/0 pod-template-hash=%s workload=Deployment/web", web.Name, web.Labels["pod-template-hash"]))
+	if o := a.GetPod().GetOwner(); o.GetKind() != "ReplicaSet" || o.GetName() != "web-"+web.Labels["pod-template-hash"] {
+		t.Fatalf("owner %v, want the ReplicaSet web-%s", o, web.Labels["pod-template-hash"])
+	}
+	if w := a.GetPod().GetWorkload(); w.GetApiVersion() != "apps/v1" {
+		t.Fatalf("workload %v, want apps/v1", w)
+	}
+	watchAddress(t, c, web.Status.PodIP+":8080").expect(ctx, t, web.Name+" Running ready=true pod_ip port=/8080/0")
+
+	// informerctl address -workload (client.AddressWatcher) prints it.
+	out, err := exec.CommandContext(ctx, informerctlBin.build(t), "-address", d.socket, "-token-file", tokenFile(t, readsPods, replicaSets, jobs),
+		"address", web.Status.PodIP+":8080", "-workload").CombinedOutput()
+	if err != nil {
+		t.Fatalf("informerctl address -workload: %v\n%s", err, out)
+	}
+	if line := string(out); !strings.Contains(line, " owner=ReplicaSet/web-") || !strings.Contains(line, " workload=Deployment/web") {
+		t.Fatalf("informerctl address -workload printed %q", out)
+	}
+
+	// Without ReplicaSets and Jobs in every namespace: refused, with the
+	// permission named. (Pods alone are enough without workloads.)
+	refused := openAddress(t, d.dial(t, readsPods, reads(replicaSets.gvr, ns), reads(jobs.gvr, ns)), &informerdv1.WatchAddressRequest{Ip: web.Status.PodIP, Port: 8080, Workload: true})
+	select {
+	case err := <-refused.done:
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "replicasets") {
+			t.Fatalf("caller without replicasets everywhere: %v, want PermissionDenied naming replicasets", err)
+		}
+	case a := <-refused.answers:
+		t.Fatalf("caller without replicasets everywhere got an answer: %s", summary(a))
+	case <-ctx.Done():
+		t.Fatal("caller without replicasets everywhere: no answer and no error")
+	}
+
+	// Adoption: the orphan ReplicaSet's pod reports the ReplicaSet, until
+	// a Deployment of the same template adopts it.
+	s = workload(solo)
+	const soloBase = "Running ready=true pod_ip port=/8080/0"
+	s.expect(ctx, t, solo.Name+" "+soloBase+" workload=ReplicaSet/solo")
+	if _, err := admin.AppsV1().Deployments(ns).Create(ctx, deployment("solo"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.expect(ctx, t, solo.Name+" "+soloBase+" workload=Deployment/solo")
+}
+
+// podWithIP waits for a pod matching selector in ns running on the fake
+// node with its IP, and returns it.
+func podWithIP(ctx context.Context, t *testing.T, ns, selector string) *corev1.Pod {
+	t.Helper()
+	admin := kubernetes.NewForConfigOrDie(env.RESTConfig())
+	var pod *corev1.Pod
+	eventually(ctx, t, "a running pod "+selector+" with its IP", func() bool {
+		p := runningPod(ctx, t, admin, ns, selector)
+		pod = p
+		return p.Status.PodIP != ""
+	})
+	return pod
 }

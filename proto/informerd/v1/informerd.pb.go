@@ -1353,7 +1353,11 @@ type WatchAddressRequest struct {
 	// labels are not changes of the answer.
 	LabelKeys []string `protobuf:"bytes,3,rep,name=label_keys,json=labelKeys,proto3" json:"label_keys,omitempty"`
 	// client_name identifies the caller in logs.
-	ClientName    string `protobuf:"bytes,4,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
+	ClientName string `protobuf:"bytes,4,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
+	// workload asks for the pod's workload (AddressPod.workload). The caller
+	// must be allowed to list and watch replicasets.apps and jobs.batch in
+	// all namespaces; a stream that does not ask reads neither.
+	Workload      bool `protobuf:"varint,5,opt,name=workload,proto3" json:"workload,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1416,6 +1420,13 @@ func (x *WatchAddressRequest) GetClientName() string {
 	return ""
 }
 
+func (x *WatchAddressRequest) GetWorkload() bool {
+	if x != nil {
+		return x.Workload
+	}
+	return false
+}
+
 // WatchAddressResponse is the answer for the address; no two messages in a
 // row on a stream carry the same answer.
 type WatchAddressResponse struct {
@@ -1432,7 +1443,12 @@ type WatchAddressResponse struct {
 	Related []*RelatedObject `protobuf:"bytes,4,rep,name=related,proto3" json:"related,omitempty"`
 	// claimants is how many pods claim the address; more than one is a
 	// conflict, which the daemon resolves as docs/address.md says.
-	Claimants     uint32 `protobuf:"varint,5,opt,name=claimants,proto3" json:"claimants,omitempty"`
+	Claimants uint32 `protobuf:"varint,5,opt,name=claimants,proto3" json:"claimants,omitempty"`
+	// unavailable are the kinds whose objects this answer lacks, and why: a
+	// related kind the daemon cannot read or the caller may not, and (for a
+	// stream that asked for the workload) replicasets or jobs the daemon
+	// cannot read. Everything else in the answer is complete.
+	Unavailable   []*UnavailableKind `protobuf:"bytes,6,rep,name=unavailable,proto3" json:"unavailable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1502,6 +1518,69 @@ func (x *WatchAddressResponse) GetClaimants() uint32 {
 	return 0
 }
 
+func (x *WatchAddressResponse) GetUnavailable() []*UnavailableKind {
+	if x != nil {
+		return x.Unavailable
+	}
+	return nil
+}
+
+// UnavailableKind is a kind whose objects an answer lacks.
+type UnavailableKind struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// resource is the kind's resource.
+	Resource *GroupVersionResource `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	// reason says why, for a person: the upstream error, or the caller's
+	// missing permission.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnavailableKind) Reset() {
+	*x = UnavailableKind{}
+	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnavailableKind) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnavailableKind) ProtoMessage() {}
+
+func (x *UnavailableKind) ProtoReflect() protoreflect.Message {
+	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnavailableKind.ProtoReflect.Descriptor instead.
+func (*UnavailableKind) Descriptor() ([]byte, []int) {
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *UnavailableKind) GetResource() *GroupVersionResource {
+	if x != nil {
+		return x.Resource
+	}
+	return nil
+}
+
+func (x *UnavailableKind) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // AddressPod is the identity and state of the pod behind an address.
 type AddressPod struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1521,14 +1600,20 @@ type AddressPod struct {
 	// phase is the pod's phase: "Pending" or "Running".
 	Phase string `protobuf:"bytes,7,opt,name=phase,proto3" json:"phase,omitempty"`
 	// ready is true when the pod is Running and its Ready condition is True.
-	Ready         bool `protobuf:"varint,8,opt,name=ready,proto3" json:"ready,omitempty"`
+	Ready bool `protobuf:"varint,8,opt,name=ready,proto3" json:"ready,omitempty"`
+	// workload is the pod's top-level controller, for a stream that asked:
+	// the controller of its ReplicaSet or Job (a Deployment, a CronJob), else
+	// its controller (a StatefulSet, a DaemonSet, or a ReplicaSet or Job no
+	// one controls); absent when the pod has no controller, or when its
+	// ReplicaSet's or Job's kind is unavailable.
+	Workload      *PodOwner `protobuf:"bytes,9,opt,name=workload,proto3" json:"workload,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AddressPod) Reset() {
 	*x = AddressPod{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1625,7 @@ func (x *AddressPod) String() string {
 func (*AddressPod) ProtoMessage() {}
 
 func (x *AddressPod) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[14]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1638,7 @@ func (x *AddressPod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddressPod.ProtoReflect.Descriptor instead.
 func (*AddressPod) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{14}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AddressPod) GetNamespace() string {
@@ -1612,7 +1697,15 @@ func (x *AddressPod) GetReady() bool {
 	return false
 }
 
-// PodOwner is the controller of a pod, from its ownerReferences.
+func (x *AddressPod) GetWorkload() *PodOwner {
+	if x != nil {
+		return x.Workload
+	}
+	return nil
+}
+
+// PodOwner is the controller of a pod (or of its ReplicaSet or Job), from
+// its ownerReferences.
 type PodOwner struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// api_version is the owner's apiVersion, for example "apps/v1".
@@ -1627,7 +1720,7 @@ type PodOwner struct {
 
 func (x *PodOwner) Reset() {
 	*x = PodOwner{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1732,7 @@ func (x *PodOwner) String() string {
 func (*PodOwner) ProtoMessage() {}
 
 func (x *PodOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[15]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1745,7 @@ func (x *PodOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodOwner.ProtoReflect.Descriptor instead.
 func (*PodOwner) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{15}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PodOwner) GetApiVersion() string {
@@ -1695,7 +1788,7 @@ type AddressPort struct {
 
 func (x *AddressPort) Reset() {
 	*x = AddressPort{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +1800,7 @@ func (x *AddressPort) String() string {
 func (*AddressPort) ProtoMessage() {}
 
 func (x *AddressPort) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[16]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +1813,7 @@ func (x *AddressPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddressPort.ProtoReflect.Descriptor instead.
 func (*AddressPort) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{16}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AddressPort) GetContainer() string {
@@ -1777,7 +1870,7 @@ type RelatedObject struct {
 
 func (x *RelatedObject) Reset() {
 	*x = RelatedObject{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1789,7 +1882,7 @@ func (x *RelatedObject) String() string {
 func (*RelatedObject) ProtoMessage() {}
 
 func (x *RelatedObject) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[17]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1802,7 +1895,7 @@ func (x *RelatedObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelatedObject.ProtoReflect.Descriptor instead.
 func (*RelatedObject) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{17}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RelatedObject) GetResource() *GroupVersionResource {
@@ -1850,7 +1943,7 @@ type ObjectReference struct {
 
 func (x *ObjectReference) Reset() {
 	*x = ObjectReference{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +1955,7 @@ func (x *ObjectReference) String() string {
 func (*ObjectReference) ProtoMessage() {}
 
 func (x *ObjectReference) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[18]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +1968,7 @@ func (x *ObjectReference) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectReference.ProtoReflect.Descriptor instead.
 func (*ObjectReference) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{18}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ObjectReference) GetGroup() string {
@@ -1922,7 +2015,7 @@ type WatchStatusRequest struct {
 
 func (x *WatchStatusRequest) Reset() {
 	*x = WatchStatusRequest{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1934,7 +2027,7 @@ func (x *WatchStatusRequest) String() string {
 func (*WatchStatusRequest) ProtoMessage() {}
 
 func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[19]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1947,7 +2040,7 @@ func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchStatusRequest) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{19}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchStatusRequest) GetObjects() []*ObjectReference {
@@ -1982,7 +2075,7 @@ type WatchStatusResponse struct {
 
 func (x *WatchStatusResponse) Reset() {
 	*x = WatchStatusResponse{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[20]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2087,7 @@ func (x *WatchStatusResponse) String() string {
 func (*WatchStatusResponse) ProtoMessage() {}
 
 func (x *WatchStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[20]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2100,7 @@ func (x *WatchStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStatusResponse.ProtoReflect.Descriptor instead.
 func (*WatchStatusResponse) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{20}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchStatusResponse) GetEvents() []*StatusEvent {
@@ -2030,7 +2123,7 @@ type StatusEvent struct {
 
 func (x *StatusEvent) Reset() {
 	*x = StatusEvent{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[21]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2042,7 +2135,7 @@ func (x *StatusEvent) String() string {
 func (*StatusEvent) ProtoMessage() {}
 
 func (x *StatusEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[21]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2055,7 +2148,7 @@ func (x *StatusEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusEvent.ProtoReflect.Descriptor instead.
 func (*StatusEvent) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{21}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StatusEvent) GetType() StatusEventType {
@@ -2105,7 +2198,7 @@ type ResourceStatus struct {
 
 func (x *ResourceStatus) Reset() {
 	*x = ResourceStatus{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[22]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +2210,7 @@ func (x *ResourceStatus) String() string {
 func (*ResourceStatus) ProtoMessage() {}
 
 func (x *ResourceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[22]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +2223,7 @@ func (x *ResourceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceStatus.ProtoReflect.Descriptor instead.
 func (*ResourceStatus) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{22}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResourceStatus) GetObject() *ObjectReference {
@@ -2215,7 +2308,7 @@ type GetDiscoveryRequest struct {
 
 func (x *GetDiscoveryRequest) Reset() {
 	*x = GetDiscoveryRequest{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[23]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2227,7 +2320,7 @@ func (x *GetDiscoveryRequest) String() string {
 func (*GetDiscoveryRequest) ProtoMessage() {}
 
 func (x *GetDiscoveryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[23]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2240,7 +2333,7 @@ func (x *GetDiscoveryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDiscoveryRequest.ProtoReflect.Descriptor instead.
 func (*GetDiscoveryRequest) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{23}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetDiscoveryRequest) GetResource() *GroupVersionResource {
@@ -2268,7 +2361,7 @@ type GetDiscoveryResponse struct {
 
 func (x *GetDiscoveryResponse) Reset() {
 	*x = GetDiscoveryResponse{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[24]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2373,7 @@ func (x *GetDiscoveryResponse) String() string {
 func (*GetDiscoveryResponse) ProtoMessage() {}
 
 func (x *GetDiscoveryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[24]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2386,7 @@ func (x *GetDiscoveryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDiscoveryResponse.ProtoReflect.Descriptor instead.
 func (*GetDiscoveryResponse) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{24}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetDiscoveryResponse) GetGroups() []*APIGroup {
@@ -2319,7 +2412,7 @@ type APIGroup struct {
 
 func (x *APIGroup) Reset() {
 	*x = APIGroup{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[25]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2331,7 +2424,7 @@ func (x *APIGroup) String() string {
 func (*APIGroup) ProtoMessage() {}
 
 func (x *APIGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[25]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2344,7 +2437,7 @@ func (x *APIGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIGroup.ProtoReflect.Descriptor instead.
 func (*APIGroup) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{25}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *APIGroup) GetName() string {
@@ -2381,7 +2474,7 @@ type APIGroupVersion struct {
 
 func (x *APIGroupVersion) Reset() {
 	*x = APIGroupVersion{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[26]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2393,7 +2486,7 @@ func (x *APIGroupVersion) String() string {
 func (*APIGroupVersion) ProtoMessage() {}
 
 func (x *APIGroupVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[26]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2406,7 +2499,7 @@ func (x *APIGroupVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIGroupVersion.ProtoReflect.Descriptor instead.
 func (*APIGroupVersion) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{26}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *APIGroupVersion) GetVersion() string {
@@ -2446,7 +2539,7 @@ type APIResource struct {
 
 func (x *APIResource) Reset() {
 	*x = APIResource{}
-	mi := &file_informerd_v1_informerd_proto_msgTypes[27]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2458,7 +2551,7 @@ func (x *APIResource) String() string {
 func (*APIResource) ProtoMessage() {}
 
 func (x *APIResource) ProtoReflect() protoreflect.Message {
-	mi := &file_informerd_v1_informerd_proto_msgTypes[27]
+	mi := &file_informerd_v1_informerd_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2471,7 +2564,7 @@ func (x *APIResource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIResource.ProtoReflect.Descriptor instead.
 func (*APIResource) Descriptor() ([]byte, []int) {
-	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{27}
+	return file_informerd_v1_informerd_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *APIResource) GetName() string {
@@ -2594,20 +2687,25 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1d\n" +
 	"\n" +
-	"go_version\x18\x02 \x01(\tR\tgoVersion\"y\n" +
+	"go_version\x18\x02 \x01(\tR\tgoVersion\"\x95\x01\n" +
 	"\x13WatchAddressRequest\x12\x0e\n" +
 	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1d\n" +
 	"\n" +
 	"label_keys\x18\x03 \x03(\tR\tlabelKeys\x12\x1f\n" +
 	"\vclient_name\x18\x04 \x01(\tR\n" +
-	"clientName\"\xf8\x01\n" +
+	"clientName\x12\x1a\n" +
+	"\bworkload\x18\x05 \x01(\bR\bworkload\"\xb9\x02\n" +
 	"\x14WatchAddressResponse\x12*\n" +
 	"\x03pod\x18\x01 \x01(\v2\x18.informerd.v1.AddressPodR\x03pod\x120\n" +
 	"\x05match\x18\x02 \x01(\x0e2\x1a.informerd.v1.AddressMatchR\x05match\x12-\n" +
 	"\x04port\x18\x03 \x01(\v2\x19.informerd.v1.AddressPortR\x04port\x125\n" +
 	"\arelated\x18\x04 \x03(\v2\x1b.informerd.v1.RelatedObjectR\arelated\x12\x1c\n" +
-	"\tclaimants\x18\x05 \x01(\rR\tclaimants\"\xcc\x02\n" +
+	"\tclaimants\x18\x05 \x01(\rR\tclaimants\x12?\n" +
+	"\vunavailable\x18\x06 \x03(\v2\x1d.informerd.v1.UnavailableKindR\vunavailable\"i\n" +
+	"\x0fUnavailableKind\x12>\n" +
+	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x80\x03\n" +
 	"\n" +
 	"AddressPod\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
@@ -2617,7 +2715,8 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x0fservice_account\x18\x05 \x01(\tR\x0eserviceAccount\x12<\n" +
 	"\x06labels\x18\x06 \x03(\v2$.informerd.v1.AddressPod.LabelsEntryR\x06labels\x12\x14\n" +
 	"\x05phase\x18\a \x01(\tR\x05phase\x12\x14\n" +
-	"\x05ready\x18\b \x01(\bR\x05ready\x1a9\n" +
+	"\x05ready\x18\b \x01(\bR\x05ready\x122\n" +
+	"\bworkload\x18\t \x01(\v2\x16.informerd.v1.PodOwnerR\bworkload\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"S\n" +
@@ -2752,7 +2851,7 @@ func file_informerd_v1_informerd_proto_rawDescGZIP() []byte {
 }
 
 var file_informerd_v1_informerd_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_informerd_v1_informerd_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_informerd_v1_informerd_proto_goTypes = []any{
 	(Encoding)(0),                 // 0: informerd.v1.Encoding
 	(View)(0),                     // 1: informerd.v1.View
@@ -2775,22 +2874,23 @@ var file_informerd_v1_informerd_proto_goTypes = []any{
 	(*VersionResponse)(nil),       // 18: informerd.v1.VersionResponse
 	(*WatchAddressRequest)(nil),   // 19: informerd.v1.WatchAddressRequest
 	(*WatchAddressResponse)(nil),  // 20: informerd.v1.WatchAddressResponse
-	(*AddressPod)(nil),            // 21: informerd.v1.AddressPod
-	(*PodOwner)(nil),              // 22: informerd.v1.PodOwner
-	(*AddressPort)(nil),           // 23: informerd.v1.AddressPort
-	(*RelatedObject)(nil),         // 24: informerd.v1.RelatedObject
-	(*ObjectReference)(nil),       // 25: informerd.v1.ObjectReference
-	(*WatchStatusRequest)(nil),    // 26: informerd.v1.WatchStatusRequest
-	(*WatchStatusResponse)(nil),   // 27: informerd.v1.WatchStatusResponse
-	(*StatusEvent)(nil),           // 28: informerd.v1.StatusEvent
-	(*ResourceStatus)(nil),        // 29: informerd.v1.ResourceStatus
-	(*GetDiscoveryRequest)(nil),   // 30: informerd.v1.GetDiscoveryRequest
-	(*GetDiscoveryResponse)(nil),  // 31: informerd.v1.GetDiscoveryResponse
-	(*APIGroup)(nil),              // 32: informerd.v1.APIGroup
-	(*APIGroupVersion)(nil),       // 33: informerd.v1.APIGroupVersion
-	(*APIResource)(nil),           // 34: informerd.v1.APIResource
-	nil,                           // 35: informerd.v1.AddressPod.LabelsEntry
-	nil,                           // 36: informerd.v1.RelatedObject.FieldsEntry
+	(*UnavailableKind)(nil),       // 21: informerd.v1.UnavailableKind
+	(*AddressPod)(nil),            // 22: informerd.v1.AddressPod
+	(*PodOwner)(nil),              // 23: informerd.v1.PodOwner
+	(*AddressPort)(nil),           // 24: informerd.v1.AddressPort
+	(*RelatedObject)(nil),         // 25: informerd.v1.RelatedObject
+	(*ObjectReference)(nil),       // 26: informerd.v1.ObjectReference
+	(*WatchStatusRequest)(nil),    // 27: informerd.v1.WatchStatusRequest
+	(*WatchStatusResponse)(nil),   // 28: informerd.v1.WatchStatusResponse
+	(*StatusEvent)(nil),           // 29: informerd.v1.StatusEvent
+	(*ResourceStatus)(nil),        // 30: informerd.v1.ResourceStatus
+	(*GetDiscoveryRequest)(nil),   // 31: informerd.v1.GetDiscoveryRequest
+	(*GetDiscoveryResponse)(nil),  // 32: informerd.v1.GetDiscoveryResponse
+	(*APIGroup)(nil),              // 33: informerd.v1.APIGroup
+	(*APIGroupVersion)(nil),       // 34: informerd.v1.APIGroupVersion
+	(*APIResource)(nil),           // 35: informerd.v1.APIResource
+	nil,                           // 36: informerd.v1.AddressPod.LabelsEntry
+	nil,                           // 37: informerd.v1.RelatedObject.FieldsEntry
 }
 var file_informerd_v1_informerd_proto_depIdxs = []int32{
 	7,  // 0: informerd.v1.WatchRequest.resource:type_name -> informerd.v1.GroupVersionResource
@@ -2805,45 +2905,48 @@ var file_informerd_v1_informerd_proto_depIdxs = []int32{
 	7,  // 9: informerd.v1.Informer.resource:type_name -> informerd.v1.GroupVersionResource
 	0,  // 10: informerd.v1.Informer.encoding:type_name -> informerd.v1.Encoding
 	16, // 11: informerd.v1.Informer.subscribers:type_name -> informerd.v1.Subscriber
-	21, // 12: informerd.v1.WatchAddressResponse.pod:type_name -> informerd.v1.AddressPod
+	22, // 12: informerd.v1.WatchAddressResponse.pod:type_name -> informerd.v1.AddressPod
 	3,  // 13: informerd.v1.WatchAddressResponse.match:type_name -> informerd.v1.AddressMatch
-	23, // 14: informerd.v1.WatchAddressResponse.port:type_name -> informerd.v1.AddressPort
-	24, // 15: informerd.v1.WatchAddressResponse.related:type_name -> informerd.v1.RelatedObject
-	22, // 16: informerd.v1.AddressPod.owner:type_name -> informerd.v1.PodOwner
-	35, // 17: informerd.v1.AddressPod.labels:type_name -> informerd.v1.AddressPod.LabelsEntry
-	7,  // 18: informerd.v1.RelatedObject.resource:type_name -> informerd.v1.GroupVersionResource
-	36, // 19: informerd.v1.RelatedObject.fields:type_name -> informerd.v1.RelatedObject.FieldsEntry
-	25, // 20: informerd.v1.WatchStatusRequest.objects:type_name -> informerd.v1.ObjectReference
-	4,  // 21: informerd.v1.WatchStatusRequest.scope_strategy:type_name -> informerd.v1.ScopeStrategy
-	28, // 22: informerd.v1.WatchStatusResponse.events:type_name -> informerd.v1.StatusEvent
-	5,  // 23: informerd.v1.StatusEvent.type:type_name -> informerd.v1.StatusEventType
-	29, // 24: informerd.v1.StatusEvent.status:type_name -> informerd.v1.ResourceStatus
-	25, // 25: informerd.v1.ResourceStatus.object:type_name -> informerd.v1.ObjectReference
-	6,  // 26: informerd.v1.ResourceStatus.status:type_name -> informerd.v1.Status
-	29, // 27: informerd.v1.ResourceStatus.generated:type_name -> informerd.v1.ResourceStatus
-	7,  // 28: informerd.v1.GetDiscoveryRequest.resource:type_name -> informerd.v1.GroupVersionResource
-	32, // 29: informerd.v1.GetDiscoveryResponse.groups:type_name -> informerd.v1.APIGroup
-	33, // 30: informerd.v1.APIGroup.versions:type_name -> informerd.v1.APIGroupVersion
-	34, // 31: informerd.v1.APIGroupVersion.resources:type_name -> informerd.v1.APIResource
-	8,  // 32: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
-	13, // 33: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
-	9,  // 34: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
-	19, // 35: informerd.v1.InformerService.WatchAddress:input_type -> informerd.v1.WatchAddressRequest
-	26, // 36: informerd.v1.InformerService.WatchStatus:input_type -> informerd.v1.WatchStatusRequest
-	17, // 37: informerd.v1.InformerService.Version:input_type -> informerd.v1.VersionRequest
-	30, // 38: informerd.v1.InformerService.GetDiscovery:input_type -> informerd.v1.GetDiscoveryRequest
-	11, // 39: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
-	14, // 40: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
-	10, // 41: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
-	20, // 42: informerd.v1.InformerService.WatchAddress:output_type -> informerd.v1.WatchAddressResponse
-	27, // 43: informerd.v1.InformerService.WatchStatus:output_type -> informerd.v1.WatchStatusResponse
-	18, // 44: informerd.v1.InformerService.Version:output_type -> informerd.v1.VersionResponse
-	31, // 45: informerd.v1.InformerService.GetDiscovery:output_type -> informerd.v1.GetDiscoveryResponse
-	39, // [39:46] is the sub-list for method output_type
-	32, // [32:39] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	24, // 14: informerd.v1.WatchAddressResponse.port:type_name -> informerd.v1.AddressPort
+	25, // 15: informerd.v1.WatchAddressResponse.related:type_name -> informerd.v1.RelatedObject
+	21, // 16: informerd.v1.WatchAddressResponse.unavailable:type_name -> informerd.v1.UnavailableKind
+	7,  // 17: informerd.v1.UnavailableKind.resource:type_name -> informerd.v1.GroupVersionResource
+	23, // 18: informerd.v1.AddressPod.owner:type_name -> informerd.v1.PodOwner
+	36, // 19: informerd.v1.AddressPod.labels:type_name -> informerd.v1.AddressPod.LabelsEntry
+	23, // 20: informerd.v1.AddressPod.workload:type_name -> informerd.v1.PodOwner
+	7,  // 21: informerd.v1.RelatedObject.resource:type_name -> informerd.v1.GroupVersionResource
+	37, // 22: informerd.v1.RelatedObject.fields:type_name -> informerd.v1.RelatedObject.FieldsEntry
+	26, // 23: informerd.v1.WatchStatusRequest.objects:type_name -> informerd.v1.ObjectReference
+	4,  // 24: informerd.v1.WatchStatusRequest.scope_strategy:type_name -> informerd.v1.ScopeStrategy
+	29, // 25: informerd.v1.WatchStatusResponse.events:type_name -> informerd.v1.StatusEvent
+	5,  // 26: informerd.v1.StatusEvent.type:type_name -> informerd.v1.StatusEventType
+	30, // 27: informerd.v1.StatusEvent.status:type_name -> informerd.v1.ResourceStatus
+	26, // 28: informerd.v1.ResourceStatus.object:type_name -> informerd.v1.ObjectReference
+	6,  // 29: informerd.v1.ResourceStatus.status:type_name -> informerd.v1.Status
+	30, // 30: informerd.v1.ResourceStatus.generated:type_name -> informerd.v1.ResourceStatus
+	7,  // 31: informerd.v1.GetDiscoveryRequest.resource:type_name -> informerd.v1.GroupVersionResource
+	33, // 32: informerd.v1.GetDiscoveryResponse.groups:type_name -> informerd.v1.APIGroup
+	34, // 33: informerd.v1.APIGroup.versions:type_name -> informerd.v1.APIGroupVersion
+	35, // 34: informerd.v1.APIGroupVersion.resources:type_name -> informerd.v1.APIResource
+	8,  // 35: informerd.v1.InformerService.Watch:input_type -> informerd.v1.WatchRequest
+	13, // 36: informerd.v1.InformerService.ListInformers:input_type -> informerd.v1.ListInformersRequest
+	9,  // 37: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
+	19, // 38: informerd.v1.InformerService.WatchAddress:input_type -> informerd.v1.WatchAddressRequest
+	27, // 39: informerd.v1.InformerService.WatchStatus:input_type -> informerd.v1.WatchStatusRequest
+	17, // 40: informerd.v1.InformerService.Version:input_type -> informerd.v1.VersionRequest
+	31, // 41: informerd.v1.InformerService.GetDiscovery:input_type -> informerd.v1.GetDiscoveryRequest
+	11, // 42: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
+	14, // 43: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
+	10, // 44: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
+	20, // 45: informerd.v1.InformerService.WatchAddress:output_type -> informerd.v1.WatchAddressResponse
+	28, // 46: informerd.v1.InformerService.WatchStatus:output_type -> informerd.v1.WatchStatusResponse
+	18, // 47: informerd.v1.InformerService.Version:output_type -> informerd.v1.VersionResponse
+	32, // 48: informerd.v1.InformerService.GetDiscovery:output_type -> informerd.v1.GetDiscoveryResponse
+	42, // [42:49] is the sub-list for method output_type
+	35, // [35:42] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_informerd_v1_informerd_proto_init() }
@@ -2857,7 +2960,7 @@ func file_informerd_v1_informerd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_informerd_v1_informerd_proto_rawDesc), len(file_informerd_v1_informerd_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
