@@ -493,7 +493,7 @@ func (e *Engine) onFeed(m feedMsg) {
 		f.setAbsent()
 		e.dirtyAll(f)
 	case msgResolved:
-		f.gvr, f.state = m.gvr, feedResolved
+		f.gvr, f.state, f.granted = m.gvr, feedResolved, m.granted
 		for t := range f.targets {
 			for w := range t.watches {
 				e.needAccess(w, f, false)

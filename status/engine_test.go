@@ -553,3 +553,39 @@ func TestCloseEndsWatches(t *testing.T) {
 		}
 	})
 }
+
+// TestNewVersionNeedsANewGrant: when a CRD is deleted and created again
+// serving another version, its feed reports the new resource's Access and
+// subscribes to it only once a Watch has granted that Access: the grant of
+// the old version does not start the new one's informer.
+func TestNewVersionNeedsANewGrant(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := newFakeSource()
+		src.serve(widgetGK, "widgets")
+		src.put(t, widget("ns", "w"))
+		e := start(t, src)
+		w := watch(t, e, watcher.RESTScopeNamespace, id(widgetGK, "ns", "w"))
+		grant(t, w, poll(t, w))
+		expectStatuses(t, poll(t, w), "Widget/w=Current")
+
+		src.unserve(widgetGK)
+		synctest.Wait()
+		expectStatuses(t, poll(t, w), "Widget/w=NotFound")
+		src.serveVersion(widgetGK, "v2", "widgets")
+		src.put(t, obj("example.com/v2", "Widget", "ns", "w", nil))
+		synctest.Wait()
+		b := poll(t, w)
+		want := []Access{{GVR: schema.GroupVersionResource{Group: "example.com", Version: "v2", Resource: "widgets"}, Namespace: "ns"}}
+		if !slices.Equal(b.Access, want) || len(b.Statuses) != 0 {
+			t.Fatalf("served as v2: Access %v, statuses %q; want only the Access %v", b.Access, summary(b.Statuses), want)
+		}
+		if n := src.subscriptions(widgetGK); n != 1 {
+			t.Fatalf("%d subscriptions before v2 was granted, want 1 (v1's)", n)
+		}
+		grant(t, w, b)
+		expectStatuses(t, poll(t, w), "Widget/w=Current")
+		if n := src.subscriptions(widgetGK); n != 2 {
+			t.Fatalf("%d subscriptions after v2 was granted, want 2", n)
+		}
+	})
+}
