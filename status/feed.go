@@ -45,6 +45,11 @@ type feed struct {
 	sub        subscription                // set in feedSyncing and feedSynced
 	targets    map[*target]struct{}        // objects of this kind
 	dependents map[*target]struct{}        // objects that list this kind
+	// podStatuses are the statuses of the generated Pods some target
+	// listed (a feed of Pods), by name, at the resourceVersion they were
+	// computed at (podStatuses, reader.go). An entry goes with its Pod's
+	// deletion, and all with the subscription.
+	podStatuses map[string]*podStatus
 }
 
 // known reports whether the objects' state is known: synced, or absent.
@@ -62,7 +67,7 @@ func (f *feed) grant() {
 }
 
 func (f *feed) setAbsent() {
-	f.state, f.gvr, f.sub, f.granted = feedAbsent, schema.GroupVersionResource{}, nil, nil
+	f.state, f.gvr, f.sub, f.granted, f.podStatuses = feedAbsent, schema.GroupVersionResource{}, nil, nil, nil
 }
 
 // acquire returns the feed for key, starting it if needed.
