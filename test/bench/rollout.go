@@ -149,7 +149,7 @@ func (h *statusHarness) runRollout(ctx context.Context, informerd string, replic
 	if err != nil {
 		return nil, err
 	}
-	defer probe.stop()
+	defer func() { _ = probe.stop() }() // an early return has its own error; the end checks stop's
 	say("rollout: bystander's latency with nothing else going on")
 	idleStart := time.Now()
 	if err := sleep(ctx, 10*time.Second); err != nil {
