@@ -98,7 +98,7 @@ type Engine struct {
 // which that time is microseconds) are computed at once.
 const (
 	coalesceFactor = 20
-	coalesceMax    = time.Second
+	coalesceMax    = 250 * time.Millisecond
 )
 
 func coalesce(cost time.Duration) time.Duration { return min(coalesceFactor*cost, coalesceMax) }
