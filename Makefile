@@ -110,7 +110,8 @@ bench: controlplane build ## Direct client-go informers vs informerd, side by si
 	$(GO) build -o $(BIN)/bench ./test/bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench -bin $(BIN) $(BENCH_FLAGS)
 
-# BENCH_STATUS_FLAGS go to `bench status` (e.g. BENCH_STATUS_FLAGS="-deployments 1000 -appliers 1").
+# BENCH_STATUS_FLAGS go to `bench status` (e.g. BENCH_STATUS_FLAGS="-deployments 1000 -appliers 1";
+# "-appliers= -rollout 1000": only the rollout of a 1,000-replica Deployment).
 BENCH_STATUS_FLAGS ?=
 
 .PHONY: bench-status
