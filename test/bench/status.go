@@ -151,7 +151,9 @@ func runStatusBench(args []string) error {
 			rep.Rollouts = append(rep.Rollouts, r)
 		}
 	}
-	rep.print(os.Stdout)
+	if len(rep.Runs) > 0 {
+		rep.print(os.Stdout)
+	}
 	for _, r := range rep.Rollouts {
 		r.print(os.Stdout)
 	}
