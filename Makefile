@@ -110,7 +110,8 @@ bench: controlplane build ## Direct client-go informers vs informerd, side by si
 	$(GO) build -o $(BIN)/bench ./test/bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench -bin $(BIN) $(BENCH_FLAGS)
 
-# BENCH_STATUS_FLAGS go to `bench status` (e.g. BENCH_STATUS_FLAGS="-deployments 1000 -appliers 1").
+# BENCH_STATUS_FLAGS go to `bench status` (e.g. BENCH_STATUS_FLAGS="-deployments 1000 -appliers 1";
+# "-appliers= -rollout 1000": only the rollout of a 1,000-replica Deployment).
 BENCH_STATUS_FLAGS ?=
 
 .PHONY: bench-status
@@ -127,8 +128,8 @@ bench-idle: controlplane build ## Daemon CPU, goroutines and memory of 1,000 idl
 	$(BIN)/bench idle -bin $(BIN) $(BENCH_IDLE_FLAGS)
 
 .PHONY: bench-go
-bench-go: ## The Go benchmarks (fan-out over Unix sockets vs the raw baseline, the cache, address answers) with -benchmem.
-	$(GO) test -run '^$$' -bench '$(BENCH_GO)' -benchmem -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) ./daemon ./cache ./client ./address
+bench-go: ## The Go benchmarks (fan-out over Unix sockets vs the raw baseline, the cache, address answers, status per Pod event) with -benchmem.
+	$(GO) test -run '^$$' -bench '$(BENCH_GO)' -benchmem -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) ./daemon ./cache ./client ./address ./status
 
 $(BIN)/buf $(BIN)/golangci-lint: hack/tools/go.mod hack/tools/go.sum
 	cd hack/tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf github.com/golangci/golangci-lint/v2/cmd/golangci-lint

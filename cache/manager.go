@@ -306,7 +306,9 @@ func newManager(opts Options, mapper resettableMapper, newUpstream func(Key) ups
 // after req.Resume. The caller must Close the Subscription.
 //
 // Errors: ErrUnknownResource (wrapped, naming the resource); ErrNotSynced
-// wrapping the upstream cause when the first list failed; ctx.Err().
+// wrapping the upstream cause when the first list failed;
+// ErrResourceRemoved when the API server no longer serves the resource
+// (discovery is then reread); ctx.Err().
 func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, error) {
 	if req.Owner == "" {
 		return nil, errNoOwner
@@ -323,6 +325,12 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 	sub := &Subscription{src: src, filter: req.Filter, release: release}
 	if err := sub.start(ctx, req.Resume, req.NotOlderThan); err != nil {
 		sub.Close()
+		if errors.Is(err, ErrResourceRemoved) {
+			// Discovery mapped req to a resource the API server no longer
+			// serves (a CRD deleted, or created again serving another
+			// version): reread it, or every retry maps req there again.
+			_ = m.rediscover(ctx, time.Now())
+		}
 		return nil, err
 	}
 	m.metrics.subscribers.Inc()

@@ -3,12 +3,15 @@ package cache
 import (
 	"context"
 	"errors"
+
 	"log/slog"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -279,5 +282,31 @@ func TestKeyStringQuotesALongFieldSelectorShort(t *testing.T) {
 	}
 	if s := (Key{GVR: testGVR, FieldSelector: "a=b"}).String(); !strings.HasSuffix(s, " fields a=b") {
 		t.Fatalf("Key.String() = %q, want a short selector as it is", s)
+	}
+}
+
+// TestRemovedResourceRereadsDiscovery: a Subscribe whose resource the API
+// server no longer serves (its list answers 404: the CRD was deleted, or
+// re-created serving another version, while discovery was cached) rereads
+// discovery, so that the next lookup maps the kind as it is now instead of
+// to the removed version again, forever.
+func TestRemovedResourceRereadsDiscovery(t *testing.T) {
+	opts, err := Options{Scope: ScopeCluster, Logger: slog.New(slog.DiscardHandler)}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := newStaticMapper()
+	m := newManager(opts, mapper, func(Key) upstream {
+		up := newFakeUpstream()
+		up.lists <- fakeList{err: apierrors.NewNotFound(testGVR.GroupResource(), "")}
+		return up
+	})
+	t.Cleanup(m.Close)
+	_, err = m.Subscribe(t.Context(), Request{GVR: testGVR, Owner: "test"})
+	if !errors.Is(err, ErrResourceRemoved) {
+		t.Fatalf("Subscribe of a resource whose list is 404: %v, want ErrResourceRemoved", err)
+	}
+	if n := mapper.resets.Load(); n != 1 {
+		t.Fatalf("discovery reread %d times after the resource was found removed, want 1", n)
 	}
 }

@@ -37,7 +37,10 @@
 // Authorization is the caller's: a Watch reports each resource it will read
 // (an Access) as soon as the resource is known, and delivers nothing
 // computed from a resource until the caller has granted that Access. A feed
-// starts its upstream informer only once some Watch has granted it.
+// starts its upstream informer only once some Watch has granted it, and
+// only of the version granted: a CRD deleted and created again serving
+// another version is a new Access, reported and granted before the feed
+// subscribes to it.
 //
 // This package knows no gRPC; package daemon translates.
 package status

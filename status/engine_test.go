@@ -553,3 +553,113 @@ func TestCloseEndsWatches(t *testing.T) {
 		}
 	})
 }
+
+// TestNewVersionNeedsANewGrant: when a CRD is deleted and created again
+// serving another version, its feed reports the new resource's Access and
+// subscribes to it only once a Watch has granted that Access: the grant of
+// the old version does not start the new one's informer.
+func TestNewVersionNeedsANewGrant(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := newFakeSource()
+		src.serve(widgetGK, "widgets")
+		src.put(t, widget("ns", "w"))
+		e := start(t, src)
+		w := watch(t, e, watcher.RESTScopeNamespace, id(widgetGK, "ns", "w"))
+		grant(t, w, poll(t, w))
+		expectStatuses(t, poll(t, w), "Widget/w=Current")
+
+		src.unserve(widgetGK)
+		synctest.Wait()
+		expectStatuses(t, poll(t, w), "Widget/w=NotFound")
+		src.serveVersion(widgetGK, "v2", "widgets")
+		src.put(t, obj("example.com/v2", "Widget", "ns", "w", nil))
+		synctest.Wait()
+		b := poll(t, w)
+		want := []Access{{GVR: schema.GroupVersionResource{Group: "example.com", Version: "v2", Resource: "widgets"}, Namespace: "ns"}}
+		if !slices.Equal(b.Access, want) || len(b.Statuses) != 0 {
+			t.Fatalf("served as v2: Access %v, statuses %q; want only the Access %v", b.Access, summary(b.Statuses), want)
+		}
+		if n := src.subscriptions(widgetGK); n != 1 {
+			t.Fatalf("%d subscriptions before v2 was granted, want 1 (v1's)", n)
+		}
+		grant(t, w, b)
+		expectStatuses(t, poll(t, w), "Widget/w=Current")
+		if n := src.subscriptions(widgetGK); n != 2 {
+			t.Fatalf("%d subscriptions after v2 was granted, want 2", n)
+		}
+	})
+}
+
+// TestChangesWithinTheHoldAreComputedOnce: a change to an object computed
+// less than its hold ago (coalesce: a multiple of what computing it
+// costs) is computed once the hold ends, together with every other change
+// meanwhile; a change after a quiet hold is computed at once. A generated
+// Pod's status is computed once per resourceVersion, and forgotten with
+// the Pod.
+func TestChangesWithinTheHoldAreComputedOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := newFakeSource()
+		src.serve(deploymentGK, "deployments")
+		src.serve(replicaSetGK, "replicasets")
+		src.serve(podGK, "pods")
+		d, rs, labels := deployment("ns", "web")
+		src.put(t, d)
+		src.put(t, rs)
+		src.put(t, pod("ns", "web-1", labels, true))
+		src.put(t, pod("ns", "web-2", labels, true))
+		e := newEngine(Options{}, src)
+		t.Cleanup(e.Close)
+		const hold = 100 * time.Millisecond
+		e.holdFor = func(time.Duration) time.Duration { return hold } // before the loop reads it (Watch syncs with it)
+		w := watch(t, e, watcher.RESTScopeNamespace, id(deploymentGK, "ns", "web"))
+		grant(t, w, poll(t, w))
+		expectStatuses(t, poll(t, w), "Deployment/web=Current")
+
+		before := testutil.ToFloat64(e.metrics.computations)
+		unready := func(name string) {
+			p := pod("ns", name, labels, true)
+			if err := unstructured.SetNestedSlice(p.Object, []any{map[string]any{"type": "Ready", "status": "False"}}, "status", "conditions"); err != nil {
+				t.Fatal(err)
+			}
+			src.put(t, p)
+		}
+		unready("web-1")
+		synctest.Wait()
+		time.Sleep(hold / 2)
+		unready("web-2")
+		synctest.Wait()
+		if b := poll(t, w); len(b.Statuses) != 0 || testutil.ToFloat64(e.metrics.computations) != before {
+			t.Fatalf("within the hold: statuses %q, %v computations", summary(b.Statuses), testutil.ToFloat64(e.metrics.computations)-before)
+		}
+		time.Sleep(hold / 2)
+		synctest.Wait()
+		b := poll(t, w)
+		expectStatuses(t, b, "Deployment/web=Current")
+		if got := summary(b.Statuses[0].GeneratedResources[0].GeneratedResources); !slices.Equal(got, []string{"Pod/web-1=InProgress", "Pod/web-2=InProgress"}) {
+			t.Fatalf("after the hold: %q", got)
+		}
+		if n := testutil.ToFloat64(e.metrics.computations) - before; n != 1 {
+			t.Fatalf("%v computations for two changes within the hold, want 1", n)
+		}
+
+		f := e.feeds[feedKey{podGK, "ns"}]
+		kept := f.podStatuses["web-2"]
+		time.Sleep(hold)
+		src.put(t, pod("ns", "web-1", labels, true))
+		synctest.Wait()
+		b = poll(t, w)
+		if got := summary(b.Statuses[0].GeneratedResources[0].GeneratedResources); !slices.Equal(got, []string{"Pod/web-1=Current", "Pod/web-2=InProgress"}) {
+			t.Fatalf("a change after a quiet hold: %q", got)
+		}
+		if c := f.podStatuses["web-2"]; c == nil || c != kept || b.Statuses[0].GeneratedResources[0].GeneratedResources[1] != c.rs {
+			t.Fatalf("web-2, unchanged, was computed again: %+v, was %+v", c, kept)
+		}
+		time.Sleep(hold)
+		src.remove(podGK, "ns", "web-2")
+		synctest.Wait()
+		expectStatuses(t, poll(t, w), "Deployment/web=Current")
+		if _, ok := f.podStatuses["web-2"]; ok {
+			t.Fatal("a deleted Pod's status is still kept")
+		}
+	})
+}

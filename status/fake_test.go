@@ -52,11 +52,14 @@ func (s *fakeSource) broadcastLocked() {
 	s.changed = make(chan struct{})
 }
 
-// serve makes the API server serve gk as resource.
-func (s *fakeSource) serve(gk schema.GroupKind, resource string) {
+// serve makes the API server serve gk as resource, version v1.
+func (s *fakeSource) serve(gk schema.GroupKind, resource string) { s.serveVersion(gk, "v1", resource) }
+
+// serveVersion makes the API server serve gk as resource of version.
+func (s *fakeSource) serveVersion(gk schema.GroupKind, version, resource string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.served[gk] = schema.GroupVersionResource{Group: gk.Group, Version: "v1", Resource: resource}
+	s.served[gk] = schema.GroupVersionResource{Group: gk.Group, Version: version, Resource: resource}
 	s.broadcastLocked()
 }
 
@@ -87,7 +90,7 @@ func (s *fakeSource) subscriptions(gk schema.GroupKind) int {
 }
 
 // put creates or updates u.
-func (s *fakeSource) put(t *testing.T, u *unstructured.Unstructured) {
+func (s *fakeSource) put(t testing.TB, u *unstructured.Unstructured) {
 	t.Helper()
 	data, err := u.MarshalJSON()
 	if err != nil {
@@ -163,8 +166,8 @@ func (s *fakeSource) Subscribe(_ context.Context, req cache.Request) (subscripti
 	if err := s.denied[gk]; err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", cache.ErrNotSynced, gk, err)
 	}
-	if _, ok := s.served[gk]; !ok {
-		return nil, fmt.Errorf("%w: kind %s", cache.ErrUnknownResource, gk)
+	if gvr, ok := s.served[gk]; !ok || (req.GVR.Version != "" && req.GVR.Version != gvr.Version) {
+		return nil, fmt.Errorf("%w: kind %s version %q", cache.ErrUnknownResource, gk, req.GVR.Version)
 	}
 	s.subscribed[gk]++
 	sub := &fakeSub{src: s, gk: gk, namespace: req.Namespace}

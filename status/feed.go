@@ -34,15 +34,22 @@ const (
 type feed struct {
 	key    feedKey
 	cancel context.CancelFunc
-	// granted is closed once a Watch may read the resource: only then does
-	// the goroutine subscribe (which starts an upstream informer).
-	granted       chan struct{}
-	grantedClosed bool
-	state         feedState
-	gvr           schema.GroupVersionResource // set from feedResolved on
-	sub           subscription                // set in feedSyncing and feedSynced
-	targets       map[*target]struct{}        // objects of this kind
-	dependents    map[*target]struct{}        // objects that list this kind
+	// granted, set in feedResolved, is closed once a Watch may read gvr:
+	// only then does the goroutine subscribe to it (which starts an
+	// upstream informer). Each resolution brings a channel of its own, so
+	// that a resource resolved again to another version (its CRD was
+	// re-created) needs a grant of its own; nil once closed.
+	granted    chan struct{}
+	state      feedState
+	gvr        schema.GroupVersionResource // set from feedResolved on
+	sub        subscription                // set in feedSyncing and feedSynced
+	targets    map[*target]struct{}        // objects of this kind
+	dependents map[*target]struct{}        // objects that list this kind
+	// podStatuses are the statuses of the generated Pods some target
+	// listed (a feed of Pods), by name, at the resourceVersion they were
+	// computed at (podStatuses, reader.go). An entry goes with its Pod's
+	// deletion, and all with the subscription.
+	podStatuses map[string]*podStatus
 }
 
 // known reports whether the objects' state is known: synced, or absent.
@@ -50,15 +57,17 @@ func (f *feed) known() bool { return f.state == feedAbsent || f.state == feedSyn
 
 func (f *feed) gvrKnown() bool { return f.state >= feedResolved }
 
+// grant lets f's goroutine subscribe to f.gvr: call it only in
+// feedResolved or later.
 func (f *feed) grant() {
-	if !f.grantedClosed {
-		f.grantedClosed = true
+	if f.granted != nil {
 		close(f.granted)
+		f.granted = nil
 	}
 }
 
 func (f *feed) setAbsent() {
-	f.state, f.gvr, f.sub = feedAbsent, schema.GroupVersionResource{}, nil
+	f.state, f.gvr, f.sub, f.granted, f.podStatuses = feedAbsent, schema.GroupVersionResource{}, nil, nil, nil
 }
 
 // acquire returns the feed for key, starting it if needed.
@@ -68,7 +77,7 @@ func (e *Engine) acquire(key feedKey) *feed {
 	}
 	ctx, cancel := context.WithCancel(e.ctx)
 	f := &feed{
-		key: key, cancel: cancel, granted: make(chan struct{}),
+		key: key, cancel: cancel,
 		targets: map[*target]struct{}{}, dependents: map[*target]struct{}{},
 	}
 	e.feeds[key] = f
@@ -76,7 +85,7 @@ func (e *Engine) acquire(key feedKey) *feed {
 	e.feedWG.Add(1)
 	go func() {
 		defer e.feedWG.Done()
-		e.runFeed(ctx, f, f.granted)
+		e.runFeed(ctx, f)
 	}()
 	return f
 }
@@ -95,7 +104,7 @@ type feedMsgKind uint8
 
 const (
 	msgAbsent     feedMsgKind = iota // the resource is not served
-	msgResolved                      // gvr is the resource
+	msgResolved                      // gvr is the resource; closing granted lets the feed subscribe to it
 	msgSubscribed                    // sub reads it; a snapshot follows
 	msgEvents                        // evs from sub
 	msgLost                          // sub ended with err
@@ -103,12 +112,13 @@ const (
 )
 
 type feedMsg struct {
-	f    *feed
-	kind feedMsgKind
-	gvr  schema.GroupVersionResource
-	sub  subscription
-	evs  []*cache.Event
-	err  error
+	f       *feed
+	kind    feedMsgKind
+	gvr     schema.GroupVersionResource
+	granted chan struct{}
+	sub     subscription
+	evs     []*cache.Event
+	err     error
 }
 
 // feedBatch bounds the events a feed forwards at once.
@@ -116,7 +126,7 @@ const feedBatch = 256
 
 // runFeed is a feed's goroutine; it returns when ctx ends (the feed was
 // released, or the Engine closed) or the cache stops.
-func (e *Engine) runFeed(ctx context.Context, f *feed, granted <-chan struct{}) {
+func (e *Engine) runFeed(ctx context.Context, f *feed) {
 	send := func(m feedMsg) bool {
 		m.f = f
 		select {
@@ -154,7 +164,10 @@ func (e *Engine) runFeed(ctx context.Context, f *feed, granted <-chan struct{}) 
 			}
 			return
 		}
-		if !send(feedMsg{kind: msgResolved, gvr: gvr}) {
+		// The grant is of gvr, this resolution's: the subscription is of
+		// that version, not whichever the API server prefers by then.
+		granted := make(chan struct{})
+		if !send(feedMsg{kind: msgResolved, gvr: gvr, granted: granted}) {
 			return
 		}
 		select {
@@ -162,7 +175,9 @@ func (e *Engine) runFeed(ctx context.Context, f *feed, granted <-chan struct{}) 
 			return
 		case <-granted:
 		}
-		sub, err := e.src.Subscribe(ctx, req)
+		exact := req
+		exact.GVR.Version = gvr.Version
+		sub, err := e.src.Subscribe(ctx, exact)
 		switch {
 		case errors.Is(err, cache.ErrUnknownResource), errors.Is(err, cache.ErrResourceRemoved):
 			// Gone again, or removed while discovery still lists it.

@@ -19,6 +19,8 @@ import (
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/cli-utils/pkg/object"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/informerd/informerd/cache"
 )
 
 var (
@@ -40,15 +42,75 @@ var generated = map[schema.GroupKind][]schema.GroupKind{
 }
 
 // newReader returns cli-utils' default status readers plus one that lists
-// the Pods of DaemonSets and Jobs as their generated resources.
+// the Pods of DaemonSets and Jobs as their generated resources. The
+// readers of kinds that generate Pods read each generated Pod's status
+// through podStatuses, which computes it once per resourceVersion.
 func newReader() engine.StatusReader {
 	// The readers map only the generated kinds they list, and only to a
 	// GroupVersionKind: a static mapper of those kinds is all they need.
 	mapper := meta.NewDefaultRESTMapper([]schema.GroupVersion{{Version: "v1"}, {Group: "apps", Version: "v1"}})
 	mapper.Add(podGK.WithVersion("v1"), meta.RESTScopeNamespace)
 	mapper.Add(replicaSetGK.WithVersion("v1"), meta.RESTScopeNamespace)
-	pods := statusreaders.NewGenericStatusReader(mapper, kstatus.Compute)
-	return statusreaders.NewStatusReader(mapper, podsReader{pods: pods})
+	pods := podStatuses{generic: statusreaders.NewGenericStatusReader(mapper, kstatus.Compute)}
+	rs := statusreaders.NewReplicaSetStatusReader(mapper, pods)
+	// NewStatusReader tries these first, then its own defaults (which
+	// read the Pods and other objects that are asked about themselves).
+	return statusreaders.NewStatusReader(mapper, statusreaders.NewDeploymentResourceReader(mapper, rs),
+		statusreaders.NewStatefulSetResourceReader(mapper, pods), rs, podsReader{pods: pods})
+}
+
+// podStatuses reads the status of a generated Pod with cli-utils' generic
+// reader (kstatus), once per resourceVersion of the Pod: the statuses are
+// kept in the Pods' feed (feed.podStatuses) until the Pod is deleted or
+// the feed starts over, so that a change to one of a Deployment's R Pods
+// costs one Pod's decoding and kstatus, not R of them. A Pod clusterReader
+// did not list (which readers never pass) is read as it is.
+type podStatuses struct{ generic engine.StatusReader }
+
+// podStatus is a generated Pod's status at one resourceVersion.
+type podStatus struct {
+	resourceVersion string
+	// rs is shared, never modified. Its Resource is nil, except for an
+	// unschedulable Pod: unschedulable looks at it.
+	rs *event.ResourceStatus
+}
+
+func (podStatuses) Supports(gk schema.GroupKind) bool { return gk == podGK }
+
+func (podStatuses) ReadStatus(context.Context, engine.ClusterReader, object.ObjMetadata) (*event.ResourceStatus, error) {
+	return nil, errors.New("informerd computes status from objects only")
+}
+
+func (p podStatuses) ReadStatusForObject(ctx context.Context, reader engine.ClusterReader, obj *unstructured.Unstructured) (*event.ResourceStatus, error) {
+	r, _ := reader.(*clusterReader)
+	var o *cache.Object
+	if r != nil && r.pods != nil {
+		o = r.listed[obj.GetName()]
+	}
+	if o == nil {
+		return p.generic.ReadStatusForObject(ctx, reader, obj)
+	}
+	if c := r.pods.podStatuses[o.Name]; c != nil && c.resourceVersion == o.ResourceVersion {
+		return c.rs, nil
+	}
+	u, err := decode(o.Data)
+	if err != nil {
+		return &event.ResourceStatus{Identifier: object.UnstructuredToObjMetadata(obj), Status: kstatus.UnknownStatus, Error: err}, nil
+	}
+	rs, err := p.generic.ReadStatusForObject(ctx, reader, u)
+	if err != nil {
+		return nil, err
+	}
+	if !podUnschedulable(u) {
+		c := *rs
+		c.Resource = nil
+		rs = &c
+	}
+	if r.pods.podStatuses == nil {
+		r.pods.podStatuses = map[string]*podStatus{}
+	}
+	r.pods.podStatuses[o.Name] = &podStatus{resourceVersion: o.ResourceVersion, rs: rs}
+	return rs, nil
 }
 
 // podsReader computes the status of a DaemonSet or a Job with kstatus, as
@@ -105,6 +167,11 @@ func (r podsReader) ReadStatusForObject(ctx context.Context, reader engine.Clust
 type clusterReader struct {
 	t    *target
 	deps []dep
+	// pods is the target's feed of generated Pods once a list read it,
+	// and listed the Pods the lists returned, by name: podStatuses reads
+	// their statuses from there.
+	pods   *feed
+	listed map[string]*cache.Object
 }
 
 // dep is one list a target's status was computed from.
@@ -127,15 +194,33 @@ func (r *clusterReader) ListNamespaceScoped(_ context.Context, list *unstructure
 	if f == nil || ns != r.t.id.Namespace {
 		return fmt.Errorf("%w: %s in namespace %q for %s", errNotRead, gk, ns, r.t.id)
 	}
-	d := dep{feed: f, sel: sel, names: map[string]struct{}{}}
+	d := dep{feed: f, sel: sel}
+	var objs []*cache.Object
 	if f.state == feedSynced {
-		for _, o := range f.sub.List(ns, sel) {
+		objs = f.sub.List(ns, sel)
+	}
+	d.names = make(map[string]struct{}, len(objs))
+	if len(objs) > 0 {
+		for _, o := range objs {
+			d.names[o.Name] = struct{}{}
+			if gk == podGK {
+				// podStatuses reads the Pod from r.listed, decoding it
+				// only if its status at this resourceVersion is not known:
+				// the item names it.
+				if r.listed == nil {
+					r.pods, r.listed = f, make(map[string]*cache.Object, len(objs))
+				}
+				r.listed[o.Name] = o
+				list.Items = append(list.Items, unstructured.Unstructured{Object: map[string]any{
+					"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": o.Name, "namespace": o.Namespace},
+				}})
+				continue
+			}
 			u, err := decode(o.Data)
 			if err != nil {
 				return err
 			}
 			list.Items = append(list.Items, *u)
-			d.names[o.Name] = struct{}{}
 		}
 	}
 	r.deps = append(r.deps, d)
@@ -209,6 +294,10 @@ func summarizeGenerated(gen event.ResourceStatuses) event.ResourceStatuses {
 	}
 	out := make(event.ResourceStatuses, len(gen))
 	for i, g := range gen {
+		if g.Resource == nil && len(g.GeneratedResources) == 0 {
+			out[i] = g // summarized already (a Pod's, from podStatuses)
+			continue
+		}
 		c := *g
 		c.Resource = nil
 		c.GeneratedResources = summarizeGenerated(g.GeneratedResources)

@@ -69,6 +69,8 @@ type statusReport struct {
 	Workload statusWorkload `json:"workload"`
 	Command  string         `json:"command"`
 	Runs     []statusRun    `json:"runs"`
+	// Rollouts are the rollout runs (-rollout), one per daemon binary.
+	Rollouts []*rolloutResult `json:"rollouts,omitempty"`
 }
 
 // statusResources are the resources whose LISTs and watches are counted.
@@ -82,7 +84,9 @@ func runStatusBench(args []string) error {
 	bin := fs.String("bin", "_output/bin", "directory with the informerd binary")
 	out := fs.String("out", "_output/bench/status.json", "where to write the results as JSON")
 	fs.IntVar(&w.Deployments, "deployments", w.Deployments, "Deployments (of one replica) per applier")
-	appliers := fs.String("appliers", joinInts(w.Appliers), "comma-separated numbers of appliers run at once")
+	appliers := fs.String("appliers", joinInts(w.Appliers), "comma-separated numbers of appliers run at once (empty: no applier runs)")
+	rollout := fs.Int("rollout", 0, "if > 0, also roll out one Deployment of this many replicas through informerd, with a bystander's status timed meanwhile")
+	rolloutDaemons := fs.String("rollout-informerd", "", "comma-separated informerd binaries to run the rollout with, one after the other (default: the one in -bin)")
 	modeList := fs.String("modes", strings.Join(w.Modes, ","), "comma-separated modes: "+strings.Join(applierModes, ", "))
 	fs.Float64Var(&w.ApplierQPS, "applier-qps", w.ApplierQPS, "each applier's client QPS (burst twice that)")
 	fs.IntVar(&w.ControllerQPS, "controller-qps", w.ControllerQPS, "kube-controller-manager's --kube-api-qps (burst twice that)")
@@ -92,7 +96,9 @@ func runStatusBench(args []string) error {
 		return err
 	}
 	var err error
-	if w.Appliers, err = parseInts(*appliers); err != nil {
+	if *appliers == "" {
+		w.Appliers = nil
+	} else if w.Appliers, err = parseInts(*appliers); err != nil {
 		return fmt.Errorf("-appliers: %w", err)
 	}
 	w.Modes = strings.Split(*modeList, ",")
@@ -132,7 +138,25 @@ func runStatusBench(args []string) error {
 			rep.Runs = append(rep.Runs, r)
 		}
 	}
-	rep.print(os.Stdout)
+	if *rollout > 0 {
+		bins := []string{informerd}
+		if *rolloutDaemons != "" {
+			bins = strings.Split(*rolloutDaemons, ",")
+		}
+		for _, bin := range bins {
+			r, err := h.runRollout(ctx, bin, *rollout)
+			if err != nil {
+				return fmt.Errorf("rollout of %d replicas with %s: %w", *rollout, bin, err)
+			}
+			rep.Rollouts = append(rep.Rollouts, r)
+		}
+	}
+	if len(rep.Runs) > 0 {
+		rep.print(os.Stdout)
+	}
+	for _, r := range rep.Rollouts {
+		r.print(os.Stdout)
+	}
 	return writeReport(*out, rep)
 }
 
