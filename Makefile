@@ -39,9 +39,13 @@ image: ## Build the static, non-root OCI image (no Docker) into _output/image (V
 controlplane: ## Build the test control plane (cached outside the clone; ~15 min cold).
 	@test/controlplane/build.sh >/dev/null
 
+.PHONY: promtool
+promtool: ## Build promtool, which checks and unit-tests the alerts (cached outside the clone; a few minutes cold).
+	@hack/monitoring/build.sh >/dev/null
+
 .PHONY: test
-test: controlplane ## Run every test (unit and e2e) with -race, then each fuzz target briefly; builds the control plane if needed.
-	$(GO) test -race -count=1 -timeout=30m $(TEST_FLAGS) ./...
+test: controlplane promtool ## Run every test (unit and e2e) with -race, then each fuzz target briefly; builds the control plane and promtool if needed.
+	INFORMERD_PROMTOOL="$$(hack/monitoring/build.sh 2>/dev/null)/promtool" $(GO) test -race -count=1 -timeout=30m $(TEST_FLAGS) ./...
 	$(MAKE) --no-print-directory fuzz
 
 # CHAOS_DURATION is how long `make chaos` injects faults; CHAOS_SEED repeats a run.
