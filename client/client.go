@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -37,18 +38,33 @@ type Client struct {
 	socket string // the Unix socket's path, if the target is one
 }
 
-// reconnect is how the connection is re-made after the daemon went away:
-// a node-local daemon is back within seconds of a restart, so retries stay
-// at most a second apart (gRPC's default backoff grows to 2 minutes).
-var reconnect = grpc.ConnectParams{
-	Backoff:           grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
-	MinConnectTimeout: 5 * time.Second,
+// reconnect is how gRPC re-makes the connection after the daemon went
+// away (its default backoff grows to 2 minutes). A node-local daemon (a
+// Unix socket or loopback) is retried at most 250 ms apart, so that a
+// client is back within a fraction of a second of a restarted daemon
+// serving: a refused connect on the local host costs microseconds, and
+// about 4 a second is the most it makes. A daemon across the network
+// (WithTLS) is retried at most a second apart.
+func reconnect(local bool) grpc.ConnectParams {
+	maxDelay := time.Second
+	if local {
+		maxDelay = unreachablePace
+	}
+	return grpc.ConnectParams{
+		Backoff:           grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxDelay},
+		MinConnectTimeout: 5 * time.Second,
+	}
 }
+
+// unreachablePace is the least time between a stream that failed because
+// the daemon was unreachable and the next attempt: a daemon that accepts
+// connections and drops them cannot make a client spin.
+const unreachablePace = 250 * time.Millisecond
 
 // Dial connects to the daemon at target: a Unix socket path ("/run/x.sock"
 // or "unix:///run/x.sock") or a "host:port". The connection is made lazily
-// and re-made as needed, within about a second of the daemon being back;
-// opts are appended to the defaults.
+// and re-made as needed: for a Unix socket or loopback, within 250 ms of
+// the daemon accepting again; opts are appended to the defaults.
 //
 // Every call carries the caller's token: from WithTokenFile or WithToken,
 // else from DefaultTokenFile when it exists. A host that is not loopback
@@ -70,12 +86,13 @@ func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 			hasTLS = true
 		}
 	}
-	if !hasTLS && !local(target) {
+	isLocal := local(target)
+	if !hasTLS && !isLocal {
 		return nil, fmt.Errorf("informerd client: %s is neither a Unix socket nor loopback: dial it WithTLS, the token is not sent in the clear", target)
 	}
 	defaults := []grpc.DialOption{
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(informerdv1.MaxMessageBytes)),
-		grpc.WithConnectParams(reconnect),
+		grpc.WithConnectParams(reconnect(isLocal)),
 	}
 	if !hasTLS {
 		defaults = append(defaults, grpc.WithTransportCredentials(insecure.NewCredentials())) // Unix socket or loopback
@@ -119,6 +136,42 @@ func (c *Client) explain(err error) error {
 		return fmt.Errorf("nothing serves on informerd's socket %s: the daemon is restarting or down (%w)", c.socket, err)
 	}
 	return err
+}
+
+// unreachable reports whether err, a failed stream's, says the daemon
+// could not be reached (rather than being an error the daemon returned):
+// UNAVAILABLE while the connection is not READY. Call it right after the
+// failure.
+func (c *Client) unreachable(err error) bool {
+	return status.Code(err) == codes.Unavailable && c.conn.GetState() != connectivity.Ready
+}
+
+// awaitDaemon waits, after a stream failed because the daemon was
+// unreachable, until the connection is READY again (gRPC reconnects as
+// reconnect says), but at least unreachablePace and at most max; it
+// returns ctx.Err() if ctx ends first. Waiting on the connection rather
+// than on a growing timer is what brings a client back as soon as the
+// daemon serves, whatever the length of the outage; max makes the caller
+// try (and report) again now and then while it stays away.
+func (c *Client) awaitDaemon(ctx context.Context, max time.Duration) error {
+	pace := time.NewTimer(unreachablePace)
+	defer pace.Stop()
+	wctx, cancel := context.WithTimeout(ctx, max)
+	defer cancel()
+	for s := c.conn.GetState(); s != connectivity.Ready && s != connectivity.Shutdown; s = c.conn.GetState() {
+		if s == connectivity.Idle {
+			c.conn.Connect()
+		}
+		if !c.conn.WaitForStateChange(wctx, s) {
+			break
+		}
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-pace.C:
+		return nil
+	}
 }
 
 // local reports whether target is a Unix socket or a loopback address.
