@@ -36,35 +36,31 @@ type Client struct {
 	conn   *grpc.ClientConn
 	api    informerdv1.InformerServiceClient
 	socket string // the Unix socket's path, if the target is one
+	// accepts reports whether the daemon accepts connections, for a local
+	// daemon; nil: not known.
+	accepts func() bool
 }
 
 // reconnect is how gRPC re-makes the connection after the daemon went
-// away (its default backoff grows to 2 minutes). A node-local daemon (a
-// Unix socket or loopback) is retried at most 250 ms apart, so that a
-// client is back within a fraction of a second of a restarted daemon
-// serving: a refused connect on the local host costs microseconds, and
-// about 4 a second is the most it makes. A daemon across the network
-// (WithTLS) is retried at most a second apart.
-func reconnect(local bool) grpc.ConnectParams {
-	maxDelay := time.Second
-	if local {
-		maxDelay = unreachablePace
-	}
-	return grpc.ConnectParams{
-		Backoff:           grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxDelay},
-		MinConnectTimeout: 5 * time.Second,
-	}
+// away: at most a second apart (its default backoff grows to 2 minutes).
+// A client waiting for a local daemon does not wait for it: see
+// awaitDaemon.
+var reconnect = grpc.ConnectParams{
+	Backoff:           grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: 5 * time.Second,
 }
 
-// unreachablePace is the least time between a stream that failed because
-// the daemon was unreachable and the next attempt: a daemon that accepts
-// connections and drops them cannot make a client spin.
+// unreachablePace is how often a client waiting for an unreachable daemon
+// looks at its socket, and the least time between a stream that failed
+// because the daemon was unreachable and the next attempt: a daemon that
+// accepts connections and drops them cannot make a client spin.
 const unreachablePace = 250 * time.Millisecond
 
 // Dial connects to the daemon at target: a Unix socket path ("/run/x.sock"
 // or "unix:///run/x.sock") or a "host:port". The connection is made lazily
-// and re-made as needed: for a Unix socket or loopback, within 250 ms of
-// the daemon accepting again; opts are appended to the defaults.
+// and re-made as needed: by the Watchers and adapters, within 250 ms of a
+// local daemon (a Unix socket or loopback) accepting again, else within
+// about a second; opts are appended to the defaults.
 //
 // Every call carries the caller's token: from WithTokenFile or WithToken,
 // else from DefaultTokenFile when it exists. A host that is not loopback
@@ -86,13 +82,12 @@ func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 			hasTLS = true
 		}
 	}
-	isLocal := local(target)
-	if !hasTLS && !isLocal {
+	if !hasTLS && !local(target) {
 		return nil, fmt.Errorf("informerd client: %s is neither a Unix socket nor loopback: dial it WithTLS, the token is not sent in the clear", target)
 	}
 	defaults := []grpc.DialOption{
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(informerdv1.MaxMessageBytes)),
-		grpc.WithConnectParams(reconnect(isLocal)),
+		grpc.WithConnectParams(reconnect),
 	}
 	if !hasTLS {
 		defaults = append(defaults, grpc.WithTransportCredentials(insecure.NewCredentials())) // Unix socket or loopback
@@ -107,6 +102,9 @@ func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 	c := &Client{conn: conn, api: informerdv1.NewInformerServiceClient(conn)}
 	if path, ok := strings.CutPrefix(target, "unix://"); ok {
 		c.socket = path
+		c.accepts = func() bool { return dials("unix", path) }
+	} else if addr := strings.TrimPrefix(target, "dns:///"); local(target) {
+		c.accepts = func() bool { return dials("tcp", addr) }
 	}
 	return c, nil
 }
@@ -147,31 +145,63 @@ func (c *Client) unreachable(err error) bool {
 }
 
 // awaitDaemon waits, after a stream failed because the daemon was
-// unreachable, until the connection is READY again (gRPC reconnects as
-// reconnect says), but at least unreachablePace and at most max; it
-// returns ctx.Err() if ctx ends first. Waiting on the connection rather
+// unreachable, until the connection is READY again, but at least
+// unreachablePace and at most `most` (then the caller tries, and reports,
+// again); it returns ctx.Err() if ctx ends first. Every unreachablePace it
+// looks at the connection and, for a local daemon, tries the socket itself
+// (a refused connect on the local host costs microseconds, gRPC's
+// reconnect a thousand times more); once the socket accepts it has gRPC
+// connect at once rather than after its reconnect backoff, whose failure
+// would be a stale "connection refused". Waiting on the connection rather
 // than on a growing timer is what brings a client back as soon as the
-// daemon serves, whatever the length of the outage; max makes the caller
-// try (and report) again now and then while it stays away.
-func (c *Client) awaitDaemon(ctx context.Context, max time.Duration) error {
-	pace := time.NewTimer(unreachablePace)
-	defer pace.Stop()
-	wctx, cancel := context.WithTimeout(ctx, max)
+// daemon serves, whatever the length of the outage.
+func (c *Client) awaitDaemon(ctx context.Context, most time.Duration) error {
+	giveUp := time.NewTimer(max(most, unreachablePace))
+	defer giveUp.Stop()
+	tick := time.NewTicker(unreachablePace)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-giveUp.C:
+			return nil
+		case <-tick.C:
+		}
+		if s := c.conn.GetState(); s == connectivity.Ready || s == connectivity.Shutdown {
+			return nil
+		}
+		if c.accepts == nil || !c.accepts() {
+			continue
+		}
+		c.conn.ResetConnectBackoff()
+		c.conn.Connect()
+		if c.ready(ctx, unreachablePace) {
+			return nil
+		}
+	}
+}
+
+// ready waits up to d for the connection to be READY, and reports whether
+// it is.
+func (c *Client) ready(ctx context.Context, d time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	for s := c.conn.GetState(); s != connectivity.Ready && s != connectivity.Shutdown; s = c.conn.GetState() {
-		if s == connectivity.Idle {
-			c.conn.Connect()
-		}
-		if !c.conn.WaitForStateChange(wctx, s) {
-			break
-		}
+	s := c.conn.GetState()
+	for s != connectivity.Ready && s != connectivity.Shutdown && c.conn.WaitForStateChange(ctx, s) {
+		s = c.conn.GetState()
 	}
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-pace.C:
-		return nil
+	return s == connectivity.Ready
+}
+
+// dials reports whether a connection to address can be made at once.
+func dials(network, address string) bool {
+	conn, err := net.DialTimeout(network, address, unreachablePace)
+	if err != nil {
+		return false
 	}
+	conn.Close()
+	return true
 }
 
 // local reports whether target is a Unix socket or a loopback address.

@@ -74,7 +74,20 @@ func (f *fakeSocket) listen(l *pipeListener) { f.mu.Lock(); f.l = l; f.mu.Unlock
 func newPipeListener() *pipeListener {
 	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
 }
-func (f *fakeSocket) client(t *testing.T) *Client { return dialFake(t, f.dial) }
+
+// client dials f; its look at the socket goes to f too.
+func (f *fakeSocket) client(t *testing.T) *Client {
+	c := dialFake(t, f.dial)
+	c.accepts = func() bool {
+		conn, err := f.dial(context.Background(), "")
+		if err != nil {
+			return false
+		}
+		conn.Close()
+		return true
+	}
+	return c
+}
 
 // dialFake dials the fake socket as Dial dials a real one.
 func dialFake(t *testing.T, dial func(context.Context, string) (net.Conn, error)) *Client {
