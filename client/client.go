@@ -152,7 +152,8 @@ func (c *Client) unreachable(err error) bool {
 // (a refused connect on the local host costs microseconds, gRPC's
 // reconnect a thousand times more); once the socket accepts it has gRPC
 // connect at once rather than after its reconnect backoff, whose failure
-// would be a stale "connection refused". Waiting on the connection rather
+// would be a stale "connection refused" (once: if no connection comes of
+// it, gRPC's backoff paces the next attempts). Waiting on the connection rather
 // than on a growing timer is what brings a client back as soon as the
 // daemon serves, whatever the length of the outage.
 func (c *Client) awaitDaemon(ctx context.Context, most time.Duration) error {
@@ -160,6 +161,7 @@ func (c *Client) awaitDaemon(ctx context.Context, most time.Duration) error {
 	defer giveUp.Stop()
 	tick := time.NewTicker(unreachablePace)
 	defer tick.Stop()
+	probe := c.accepts != nil
 	for {
 		select {
 		case <-ctx.Done():
@@ -171,7 +173,7 @@ func (c *Client) awaitDaemon(ctx context.Context, most time.Duration) error {
 		if s := c.conn.GetState(); s == connectivity.Ready || s == connectivity.Shutdown {
 			return nil
 		}
-		if c.accepts == nil || !c.accepts() {
+		if !probe || !c.accepts() {
 			continue
 		}
 		c.conn.ResetConnectBackoff()
@@ -179,6 +181,9 @@ func (c *Client) awaitDaemon(ctx context.Context, most time.Duration) error {
 		if c.ready(ctx, unreachablePace) {
 			return nil
 		}
+		// The socket accepts but no connection comes of it (a daemon
+		// dropping them): gRPC's own backoff paces the next ones.
+		probe = false
 	}
 }
 

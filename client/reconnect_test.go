@@ -248,7 +248,9 @@ func droppingDial(f *fakeSocket) func(context.Context, string) (net.Conn, error)
 func TestADroppingDaemonCannotMakeClientsSpin(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeSocket{}
-		c := dialFake(t, droppingDial(f))
+		dial := droppingDial(f)
+		c := dialFake(t, dial)
+		c.accepts = func() bool { _, err := dial(context.Background(), ""); return err == nil } // it does
 		defer c.Close()
 		ctx, cancel := context.WithCancel(t.Context())
 		w := NewWatcher(c, WatchOptions{Resource: configMaps}, &logHandler{}, WatcherOptions{})

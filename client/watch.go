@@ -60,10 +60,10 @@ type WatcherOptions struct {
 }
 
 // Watcher is a resilient watch with a client-go store: it reconnects as
-// soon as a restarted daemon serves again (see Backoff), resumes from the last resourceVersion it delivered,
-// never accepts a state older than one it has seen, and turns a fresh
-// snapshot (after a RESET or a daemon restart) into the real changes
-// only. Its store is a client-go Indexer of *unstructured.Unstructured,
+// soon as a restarted daemon serves again (see Backoff), resumes from the
+// last resourceVersion it delivered, never accepts a state older than one
+// it has seen, and turns a fresh snapshot (after a RESET or a daemon
+// restart) into the real changes only. Its store is a client-go Indexer of *unstructured.Unstructured,
 // readable at any time; its handler follows client-go's
 // ResourceEventHandler contract. Create it with NewWatcher; Run it once.
 type Watcher struct {
