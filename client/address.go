@@ -35,7 +35,7 @@ func (o AddressOptions) request() *informerdv1.WatchAddressRequest {
 // AddressWatcherOptions configure an AddressWatcher. Zero values take the
 // defaults.
 type AddressWatcherOptions struct {
-	// Backoff between reconnects.
+	// Backoff between retries after errors the daemon returns.
 	Backoff Backoff
 	// OnError, if set, is called with every error that ends a stream
 	// before the AddressWatcher reconnects; a terminal one is returned by

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -35,20 +36,31 @@ type Client struct {
 	conn   *grpc.ClientConn
 	api    informerdv1.InformerServiceClient
 	socket string // the Unix socket's path, if the target is one
+	// accepts reports whether the daemon accepts connections, for a local
+	// daemon; nil: not known.
+	accepts func() bool
 }
 
-// reconnect is how the connection is re-made after the daemon went away:
-// a node-local daemon is back within seconds of a restart, so retries stay
-// at most a second apart (gRPC's default backoff grows to 2 minutes).
+// reconnect is how gRPC re-makes the connection after the daemon went
+// away: at most a second apart (its default backoff grows to 2 minutes).
+// A client waiting for a local daemon does not wait for it: see
+// awaitDaemon.
 var reconnect = grpc.ConnectParams{
 	Backoff:           grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 	MinConnectTimeout: 5 * time.Second,
 }
 
+// unreachablePace is how often a client waiting for an unreachable daemon
+// looks at its socket, and the least time between a stream that failed
+// because the daemon was unreachable and the next attempt: a daemon that
+// accepts connections and drops them cannot make a client spin.
+const unreachablePace = 250 * time.Millisecond
+
 // Dial connects to the daemon at target: a Unix socket path ("/run/x.sock"
 // or "unix:///run/x.sock") or a "host:port". The connection is made lazily
-// and re-made as needed, within about a second of the daemon being back;
-// opts are appended to the defaults.
+// and re-made as needed: by the Watchers and adapters, within 250 ms of a
+// local daemon (a Unix socket or loopback) accepting again, else within
+// about a second; opts are appended to the defaults.
 //
 // Every call carries the caller's token: from WithTokenFile or WithToken,
 // else from DefaultTokenFile when it exists. A host that is not loopback
@@ -90,6 +102,9 @@ func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 	c := &Client{conn: conn, api: informerdv1.NewInformerServiceClient(conn)}
 	if path, ok := strings.CutPrefix(target, "unix://"); ok {
 		c.socket = path
+		c.accepts = func() bool { return dials("unix", path) }
+	} else if addr := strings.TrimPrefix(target, "dns:///"); local(target) {
+		c.accepts = func() bool { return dials("tcp", addr) }
 	}
 	return c, nil
 }
@@ -119,6 +134,79 @@ func (c *Client) explain(err error) error {
 		return fmt.Errorf("nothing serves on informerd's socket %s: the daemon is restarting or down (%w)", c.socket, err)
 	}
 	return err
+}
+
+// unreachable reports whether err, a failed stream's, says the daemon
+// could not be reached (rather than being an error the daemon returned):
+// UNAVAILABLE while the connection is not READY. Call it right after the
+// failure.
+func (c *Client) unreachable(err error) bool {
+	return status.Code(err) == codes.Unavailable && c.conn.GetState() != connectivity.Ready
+}
+
+// awaitDaemon waits, after a stream failed because the daemon was
+// unreachable, until the connection is READY again, but at least
+// unreachablePace and at most `most` (then the caller tries, and reports,
+// again); it returns ctx.Err() if ctx ends first. Every unreachablePace it
+// looks at the connection and, for a local daemon, tries the socket itself
+// (a refused connect on the local host costs microseconds, gRPC's
+// reconnect a thousand times more); once the socket accepts it has gRPC
+// connect at once rather than after its reconnect backoff, whose failure
+// would be a stale "connection refused" (once: if no connection comes of
+// it, gRPC's backoff paces the next attempts). Waiting on the connection rather
+// than on a growing timer is what brings a client back as soon as the
+// daemon serves, whatever the length of the outage.
+func (c *Client) awaitDaemon(ctx context.Context, most time.Duration) error {
+	giveUp := time.NewTimer(max(most, unreachablePace))
+	defer giveUp.Stop()
+	tick := time.NewTicker(unreachablePace)
+	defer tick.Stop()
+	probe := c.accepts != nil
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-giveUp.C:
+			return nil
+		case <-tick.C:
+		}
+		if s := c.conn.GetState(); s == connectivity.Ready || s == connectivity.Shutdown {
+			return nil
+		}
+		if !probe || !c.accepts() {
+			continue
+		}
+		c.conn.ResetConnectBackoff()
+		c.conn.Connect()
+		if c.ready(ctx, unreachablePace) {
+			return nil
+		}
+		// The socket accepts but no connection comes of it (a daemon
+		// dropping them): gRPC's own backoff paces the next ones.
+		probe = false
+	}
+}
+
+// ready waits up to d for the connection to be READY, and reports whether
+// it is.
+func (c *Client) ready(ctx context.Context, d time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	s := c.conn.GetState()
+	for s != connectivity.Ready && s != connectivity.Shutdown && c.conn.WaitForStateChange(ctx, s) {
+		s = c.conn.GetState()
+	}
+	return s == connectivity.Ready
+}
+
+// dials reports whether a connection to address can be made at once.
+func dials(network, address string) bool {
+	conn, err := net.DialTimeout(network, address, unreachablePace)
+	if err != nil {
+		return false
+	}
+	conn.Close()
+	return true
 }
 
 // local reports whether target is a Unix socket or a loopback address.

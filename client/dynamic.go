@@ -25,6 +25,9 @@ import (
 //
 // List and Watch selectors become the daemon subscription's selectors (a
 // field selector is evaluated by the API server, in a Source of its own).
+// While the daemon is unreachable (a restart), List and Watch wait for it
+// until their context ends, as the ListerWatcher's do, so that informers
+// over this client come back as soon as it serves; Get fails at once.
 // Get reads one object from the daemon's store (its informer of the
 // resource keeps running, lingering, for a while after).
 func NewDynamicClient(c *Client, clientName string, writer dynamic.Interface) dynamic.Interface {

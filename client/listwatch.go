@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -39,7 +40,9 @@ import (
 // resourceVersion (resourceVersionMatch NotOlderThan). A RESET (the resume
 // point left the daemon's log) surfaces as 410 Expired, on which the
 // reflector relists. No List or Watch ever starts from a state older than
-// one this ListerWatcher has delivered.
+// one this ListerWatcher has delivered. While the daemon is unreachable,
+// ListWithContext and WatchWithContext wait for it until their context
+// ends.
 func NewListerWatcher(c *Client, opts WatchOptions) ListerWatcher { return newListWatch(c, opts) }
 
 func newListWatch(c *Client, opts WatchOptions) *listWatch {
@@ -100,14 +103,16 @@ func (lw *listWatch) see(rv string) {
 }
 
 // List is ListWithContext without a context, for client-go's older
-// constructors; client-go calls the context forms when they exist.
+// constructors (client-go calls the context forms when they exist), except
+// that it fails at once, with 503 ServiceUnavailable, while the daemon is
+// unreachable: without a context it would wait forever.
 func (lw *listWatch) List(o metav1.ListOptions) (runtime.Object, error) {
-	return lw.ListWithContext(context.Background(), o)
+	return lw.listing(context.Background(), o, false)
 }
 
 // Watch is WatchWithContext without a context; see List.
 func (lw *listWatch) Watch(o metav1.ListOptions) (watch.Interface, error) {
-	return lw.WatchWithContext(context.Background(), o)
+	return lw.watching(context.Background(), o, false)
 }
 
 // options returns the WatchOptions of a request: lw's, with the selectors
@@ -145,15 +150,24 @@ func (lw *listWatch) options(o metav1.ListOptions) (WatchOptions, error) {
 	return opts, nil
 }
 
-// ListWithContext reads one snapshot.
+// ListWithContext reads one snapshot. While the daemon is unreachable (a
+// restart), it waits for it until ctx ends rather than failing: client-go's
+// reflector would back off for up to 30 s before trying again, and the
+// informer come back that much later than the daemon.
 func (lw *listWatch) ListWithContext(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+	return lw.listing(ctx, o, true)
+}
+
+// listing is ListWithContext; await says whether to wait for an
+// unreachable daemon.
+func (lw *listWatch) listing(ctx context.Context, o metav1.ListOptions, await bool) (runtime.Object, error) {
 	opts, err := lw.options(o)
 	if err != nil {
 		return nil, err
 	}
-	s, err := lw.c.Stream(ctx, opts, "")
+	s, err := lw.c.openStream(ctx, opts, "", await)
 	if err != nil {
-		return nil, toAPIError(lw.c.explain(err))
+		return nil, toAPIError(err)
 	}
 	defer s.Close()
 	var objs []runtime.Object
@@ -199,8 +213,15 @@ func (lw *listWatch) list(objs []runtime.Object, rv string) runtime.Object {
 
 // WatchWithContext opens a watch after o.ResourceVersion, or with initial
 // events when o.SendInitialEvents is set (WatchList) or the version is ""
-// or "0".
+// or "0". While the daemon is unreachable, it waits for it until ctx ends,
+// as ListWithContext does.
 func (lw *listWatch) WatchWithContext(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+	return lw.watching(ctx, o, true)
+}
+
+// watching is WatchWithContext; await says whether to wait for an
+// unreachable daemon.
+func (lw *listWatch) watching(ctx context.Context, o metav1.ListOptions, await bool) (watch.Interface, error) {
 	opts, err := lw.options(o)
 	if err != nil {
 		return nil, err
@@ -210,9 +231,9 @@ func (lw *listWatch) WatchWithContext(ctx context.Context, o metav1.ListOptions)
 	if watchList || resume == "0" {
 		resume = ""
 	}
-	s, err := lw.c.Stream(ctx, opts, resume)
+	s, err := lw.c.openStream(ctx, opts, resume, await)
 	if err != nil {
-		return nil, toAPIError(lw.c.explain(err))
+		return nil, toAPIError(err)
 	}
 	w := &streamWatch{lw: lw, s: s, out: make(chan watch.Event), done: make(chan struct{}),
 		bookmarks: o.AllowWatchBookmarks, watchList: watchList}
@@ -325,6 +346,30 @@ func (w *streamWatch) bookmark(ev *informerdv1.Event, initialEventsEnd bool) run
 		m.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
 	}
 	return b
+}
+
+// recheckUnreachable is how often openStream looks again at why the daemon
+// is unreachable (a socket it may no longer open ends the wait).
+const recheckUnreachable = 10 * time.Second
+
+// openStream is Stream for the client-go adapters, with its error
+// explained. With await, while the daemon is unreachable it waits for it
+// (awaitDaemon) until ctx ends instead of failing; a socket the caller may
+// not open fails at once, with ErrSocketPermission.
+func (c *Client) openStream(ctx context.Context, opts WatchOptions, resume string, await bool) (*Stream, error) {
+	for {
+		s, err := c.Stream(ctx, opts, resume)
+		if err == nil {
+			return s, nil
+		}
+		down := c.unreachable(err)
+		if err = c.explain(err); !await || !down || errors.Is(err, ErrSocketPermission) {
+			return nil, err
+		}
+		if c.awaitDaemon(ctx, recheckUnreachable) != nil {
+			return nil, err
+		}
+	}
 }
 
 // toAPIError turns a daemon status into the API error client-go expects.

@@ -25,7 +25,7 @@ import (
 type StatusWatcherOptions struct {
 	// ClientName identifies the watcher in the daemon's introspection.
 	ClientName string
-	// Backoff bounds the delays between reconnects.
+	// Backoff between retries after errors the daemon returns.
 	Backoff Backoff
 	// OnError, if set, is called with every error that ends a stream
 	// before the watcher reconnects (a terminal one is an ErrorEvent).

@@ -23,7 +23,12 @@ import (
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
-// Backoff bounds the jittered exponential backoff between reconnects.
+// Backoff bounds the jittered exponential backoff between retries after
+// an error the daemon returned. While the daemon is unreachable (it is
+// restarting, or down) there is no backoff: the next attempt is made as
+// soon as the connection is back (within 250 ms of a local daemon
+// accepting again), and at least every Max, so that OnError keeps
+// reporting why.
 type Backoff struct {
 	// Initial is the first delay. Default 100ms.
 	Initial time.Duration
@@ -43,7 +48,7 @@ func (b Backoff) withDefaults() Backoff {
 
 // WatcherOptions configure a Watcher. Zero values take the defaults.
 type WatcherOptions struct {
-	// Backoff between reconnects.
+	// Backoff between retries after errors the daemon returns.
 	Backoff Backoff
 	// Indexers are added to the store's namespace index.
 	Indexers toolscache.Indexers
@@ -54,11 +59,11 @@ type WatcherOptions struct {
 	OnError func(error)
 }
 
-// Watcher is a resilient watch with a client-go store: it reconnects with
-// jittered backoff, resumes from the last resourceVersion it delivered,
-// never accepts a state older than one it has seen, and turns a fresh
-// snapshot (after a RESET or a daemon restart) into the real changes
-// only. Its store is a client-go Indexer of *unstructured.Unstructured,
+// Watcher is a resilient watch with a client-go store: it reconnects as
+// soon as a restarted daemon serves again (see Backoff), resumes from the
+// last resourceVersion it delivered, never accepts a state older than one
+// it has seen, and turns a fresh snapshot (after a RESET or a daemon
+// restart) into the real changes only. Its store is a client-go Indexer of *unstructured.Unstructured,
 // readable at any time; its handler follows client-go's
 // ResourceEventHandler contract. Create it with NewWatcher; Run it once.
 type Watcher struct {
@@ -174,9 +179,11 @@ func (w *Watcher) Run(ctx context.Context) error {
 
 // retry runs once until ctx ends (returning nil) or once fails in a way
 // that retryable says retrying cannot fix (returning the error, explained).
-// It hands other errors to
-// onError, if set, and waits with jittered exponential backoff between
-// attempts, starting over after one that made progress.
+// It hands other errors to onError, if set. After a failure because the
+// daemon was unreachable it tries again as soon as the connection is back
+// (awaitDaemon, at most b.Max later); after an error the daemon returned,
+// it waits with jittered exponential backoff, starting over after an
+// attempt that made progress.
 func (c *Client) retry(ctx context.Context, b Backoff, onError func(error), once func(context.Context) (progressed bool, err error),
 	retryable func(err error, progressed bool) bool) error {
 	bo := backoff.Backoff{Initial: b.Initial, Max: b.Max}
@@ -185,6 +192,7 @@ func (c *Client) retry(ctx context.Context, b Backoff, onError func(error), once
 		if ctx.Err() != nil {
 			return nil
 		}
+		down := c.unreachable(err)
 		if err = c.explain(err); !retryable(err, progressed) {
 			return err
 		}
@@ -194,7 +202,11 @@ func (c *Client) retry(ctx context.Context, b Backoff, onError func(error), once
 		if progressed {
 			bo.Reset()
 		}
-		if bo.Wait(ctx) != nil {
+		wait := bo.Wait
+		if down {
+			wait = func(ctx context.Context) error { return c.awaitDaemon(ctx, b.Max) }
+		}
+		if wait(ctx) != nil {
 			return nil
 		}
 	}
