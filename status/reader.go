@@ -105,6 +105,8 @@ func (r podsReader) ReadStatusForObject(ctx context.Context, reader engine.Clust
 type clusterReader struct {
 	t    *target
 	deps []dep
+	// objects collects the bytes of every object listed, by identifier.
+	objects map[object.ObjMetadata][]byte
 }
 
 // dep is one list a target's status was computed from.
@@ -136,6 +138,7 @@ func (r *clusterReader) ListNamespaceScoped(_ context.Context, list *unstructure
 			}
 			list.Items = append(list.Items, *u)
 			d.names[o.Name] = struct{}{}
+			r.objects[object.ObjMetadata{GroupKind: gk, Namespace: o.Namespace, Name: o.Name}] = o.Data
 		}
 	}
 	r.deps = append(r.deps, d)
