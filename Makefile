@@ -115,7 +115,8 @@ bench: controlplane build ## Direct client-go informers vs informerd, side by si
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench -bin $(BIN) $(BENCH_FLAGS)
 
 # BENCH_STATUS_FLAGS go to `bench status` (e.g. BENCH_STATUS_FLAGS="-deployments 1000 -appliers 1";
-# "-appliers= -rollout 1000": only the rollout of a 1,000-replica Deployment).
+# "-appliers= -rollout 1000": only the rollout of a 1,000-replica Deployment;
+# "-deployments 5000 -appliers 1 -modes informerd" is one applier of 5,000 Deployments, beyond one 64 KiB request).
 BENCH_STATUS_FLAGS ?=
 
 .PHONY: bench-status

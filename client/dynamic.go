@@ -106,9 +106,12 @@ func (r *dynamicResource) Get(ctx context.Context, name string, o metav1.GetOpti
 
 // objectNotFound reports whether err is the daemon saying that an object
 // does not exist, as opposed to its resource.
-func objectNotFound(err error) bool {
+func objectNotFound(err error) bool { return hasReason(err, informerdv1.ReasonObjectNotFound) }
+
+// hasReason reports whether err carries the daemon's ErrorInfo reason.
+func hasReason(err error, reason string) bool {
 	for _, d := range status.Convert(err).Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == informerdv1.ErrorDomain && info.GetReason() == informerdv1.ReasonObjectNotFound {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == informerdv1.ErrorDomain && info.GetReason() == reason {
 			return true
 		}
 	}

@@ -72,14 +72,14 @@ func (d *scriptedDaemon) request(i int) *informerdv1.WatchRequest {
 }
 
 // serveScripted serves d on a Unix socket and returns a Client of it.
-func serveScripted(t *testing.T, d informerdv1.InformerServiceServer) *Client {
+func serveScripted(t *testing.T, d informerdv1.InformerServiceServer, opts ...grpc.ServerOption) *Client {
 	t.Helper()
 	socket := filepath.Join(t.TempDir(), "d.sock")
 	l, err := net.Listen("unix", socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(opts...)
 	informerdv1.RegisterInformerServiceServer(gs, d)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = gs.Serve(l) }()

@@ -3,11 +3,15 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -17,6 +21,7 @@ import (
 	"sigs.k8s.io/cli-utils/pkg/kstatus/watcher"
 	"sigs.k8s.io/cli-utils/pkg/object"
 
+	"github.com/informerd/informerd/internal/objref"
 	"github.com/informerd/informerd/internal/statusconv"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
@@ -30,6 +35,14 @@ type StatusWatcherOptions struct {
 	// OnError, if set, is called with every error that ends a stream
 	// before the watcher reconnects (a terminal one is an ErrorEvent).
 	OnError func(error)
+	// IdentityOnly, if set, asks the daemon for the objects' identities
+	// only: an event's Resource then carries the object's apiVersion,
+	// kind and metadata name, namespace, uid, generation and
+	// resourceVersion, and generated resources none, which is all a
+	// status display needs and costs the daemon and the stream less. An
+	// Applier needs the objects (apply-time mutations read them). Default
+	// false: the objects, as cli-utils' own StatusWatcher sends them.
+	IdentityOnly bool
 }
 
 // NewStatusWatcher returns a cli-utils StatusWatcher whose statuses the
@@ -40,12 +53,27 @@ type StatusWatcherOptions struct {
 // generation, UID or generated resources change, one SyncEvent once every
 // object's status has been sent, and an ErrorEvent for an error retrying
 // cannot fix (PERMISSION_DENIED and UNAUTHENTICATED as Kubernetes Forbidden
-// and Unauthorized errors), after which its channel closes; it also closes
-// when ctx ends. Across reconnects (a daemon restart) it resumes without
-// repeating a status and without going back to an older state of an
-// object. An event's Resource carries only the object's apiVersion, kind
-// and metadata name, namespace, uid, generation and resourceVersion (what
-// an applier checks), and is nil when the object is not found.
+// and Unauthorized errors; a request the daemon can never accept: more
+// than informerdv1.MaxStatusObjects objects, or too large), after which its
+// channel closes; it also closes when ctx ends. Across reconnects (a
+// daemon restart) it resumes without repeating a status and without going
+// back to an older state of an object.
+//
+// An event's Resource is the object its status was computed from, as the
+// daemon's cache held it (managedFields removed unless the daemon keeps
+// them), and so is each generated resource's: what an Applier keeps in its
+// resource cache and its apply-time mutations read. It is nil when the
+// object is not found. A change of the object that leaves its status
+// alone sends no event, so Resource is the object as of its last status
+// change (see StatusWatcherOptions.IdentityOnly).
+//
+// An identifier that the API server would refuse (no name, an invalid
+// kind, namespace or name) is left out of the request: like cli-utils'
+// StatusWatcher, which watches its kind and never finds it, the Watch
+// reports nothing for it, and its SyncEvent does not wait for it.
+//
+// The objects are sent to the daemon in parts of at most 32 KiB
+// (WatchStatusChunked), within its 64 KiB request limit.
 func NewStatusWatcher(c *Client, opts StatusWatcherOptions) watcher.StatusWatcher {
 	opts.Backoff = opts.Backoff.withDefaults()
 	return &statusWatcher{c: c, opts: opts}
@@ -60,13 +88,16 @@ var _ watcher.StatusWatcher = (*statusWatcher)(nil)
 
 func (w *statusWatcher) Watch(ctx context.Context, ids object.ObjMetadataSet, o watcher.Options) <-chan event.Event {
 	out := make(chan event.Event)
-	req := &informerdv1.WatchStatusRequest{ClientName: w.opts.ClientName, ScopeStrategy: scopeStrategy(o.RESTScopeStrategy)}
+	req := &informerdv1.WatchStatusRequest{ClientName: w.opts.ClientName, ScopeStrategy: scopeStrategy(o.RESTScopeStrategy), IncludeObjects: !w.opts.IdentityOnly}
 	for _, id := range ids {
+		if objref.Invalid(id.GroupKind.Group, id.GroupKind.Kind, id.Namespace, id.Name) != "" {
+			continue
+		}
 		req.Objects = append(req.Objects, &informerdv1.ObjectReference{
 			Group: id.GroupKind.Group, Kind: id.GroupKind.Kind, Namespace: id.Namespace, Name: id.Name,
 		})
 	}
-	r := &statusRun{c: w.c, req: req, out: out, last: map[object.ObjMetadata]*event.ResourceStatus{}}
+	r := &statusRun{c: w.c, parts: split(req, maxPartBytes), out: out, last: map[object.ObjMetadata]*event.ResourceStatus{}}
 	go func() {
 		defer close(out)
 		if err := w.c.retry(ctx, w.opts.Backoff, w.opts.OnError, r.once, retryableUnlessDenied); err != nil {
@@ -86,10 +117,35 @@ func scopeStrategy(s watcher.RESTScopeStrategy) informerdv1.ScopeStrategy {
 	return informerdv1.ScopeStrategy_SCOPE_STRATEGY_AUTOMATIC
 }
 
+// maxPartBytes bounds each part of a request the StatusWatcher sends:
+// half the daemon's default request limit (64 KiB, -max-request-bytes).
+const maxPartBytes = 32 << 10
+
+// split cuts req into parts of at most max bytes each (but for a single
+// larger reference, which a valid one never is), the first carrying req's
+// other fields: the messages of a WatchStatusChunked request.
+func split(req *informerdv1.WatchStatusRequest, max int) []*informerdv1.WatchStatusRequest {
+	objs := req.GetObjects()
+	first := proto.CloneOf(req)
+	first.Objects = nil
+	parts := []*informerdv1.WatchStatusRequest{first}
+	p, size := first, proto.Size(first)
+	for _, o := range objs {
+		// A repeated field costs its tag, its length and the reference.
+		n := 1 + protowire.SizeBytes(proto.Size(o))
+		if len(p.Objects) > 0 && size+n > max {
+			p = &informerdv1.WatchStatusRequest{}
+			parts, size = append(parts, p), 0
+		}
+		p.Objects, size = append(p.Objects, o), size+n
+	}
+	return parts
+}
+
 // statusRun is one Watch call's state, owned by its goroutine.
 type statusRun struct {
 	c      *Client
-	req    *informerdv1.WatchStatusRequest
+	parts  []*informerdv1.WatchStatusRequest // the request, in parts
 	out    chan<- event.Event
 	last   map[object.ObjMetadata]*event.ResourceStatus // the latest status sent of each object
 	synced bool                                         // SyncEvent sent
@@ -99,8 +155,20 @@ type statusRun struct {
 func (r *statusRun) once(ctx context.Context) (progressed bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s, err := r.c.api.WatchStatus(ctx, r.req)
+	s, err := r.c.api.WatchStatusChunked(ctx)
 	if err != nil {
+		return false, err
+	}
+	for _, p := range r.parts {
+		// io.EOF: the daemon ended the stream (refused the request); Recv
+		// returns why.
+		if err := s.Send(p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return false, err
+		}
+	}
+	if err := s.CloseSend(); err != nil {
 		return false, err
 	}
 	for {
@@ -179,7 +247,13 @@ func fromProtoStatus(p *informerdv1.ResourceStatus) *event.ResourceStatus {
 	if e := p.GetError(); e != "" {
 		rs.Error = errors.New(e)
 	}
-	if p.GetUid() != "" {
+	if j := p.GetObjectJson(); len(j) > 0 {
+		u := &unstructured.Unstructured{}
+		if err := u.UnmarshalJSON(j); err == nil {
+			rs.Resource = u
+		}
+	}
+	if rs.Resource == nil && p.GetUid() != "" {
 		u := &unstructured.Unstructured{Object: map[string]any{}}
 		u.SetAPIVersion(p.GetApiVersion())
 		u.SetKind(o.GetKind())
@@ -208,6 +282,11 @@ func statusError(err error) error {
 		code, reason = http.StatusForbidden, metav1.StatusReasonForbidden
 	case codes.Unauthenticated:
 		code, reason = http.StatusUnauthorized, metav1.StatusReasonUnauthorized
+	case codes.ResourceExhausted:
+		if tooLarge(err) {
+			return fmt.Errorf("informerd refused the status request as larger than it accepts: the daemon's -max-request-bytes must be at least %d, the size of the parts the StatusWatcher sends: %w", maxPartBytes, err)
+		}
+		return err
 	default:
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -142,9 +143,24 @@ func terminal(err error) bool {
 	case codes.InvalidArgument, codes.NotFound, codes.PermissionDenied, codes.Unauthenticated,
 		codes.Unimplemented, codes.FailedPrecondition:
 		return true
+	case codes.ResourceExhausted:
+		return tooLarge(err)
 	}
 	return false
 }
+
+// tooLarge reports whether err refuses a request larger than the daemon
+// ever accepts: one of its own limits (REQUEST_TOO_LARGE), or a message
+// over its -max-request-bytes, which gRPC itself refuses. Other
+// RESOURCE_EXHAUSTED errors (streams or objects per caller, throttling)
+// free up.
+func tooLarge(err error) bool {
+	return hasReason(err, informerdv1.ReasonRequestTooLarge) || strings.HasPrefix(status.Convert(err).Message(), grpcTooLarge)
+}
+
+// grpcTooLarge begins grpc-go's message for a message over the receiver's
+// limit.
+const grpcTooLarge = "grpc: received message larger than max"
 
 // retryable reports whether the Watcher tries again after err ended a
 // stream (progressed: after it delivered events). PERMISSION_DENIED is

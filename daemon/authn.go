@@ -68,12 +68,12 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		return err
 	}
 	c := callerOf(ctx)
-	if !s.streams.acquire(c.name) {
+	if !s.streams.acquire(c.name, 1) {
 		s.metrics.limited.WithLabelValues("streams_per_caller").Inc()
 		return s.reject(fmt.Errorf("%w: %s has %d streams open, the limit per caller (max-streams-per-caller): close some first",
 			errLimit, c.name, s.opts.Limits.MaxStreamsPerCaller))
 	}
-	defer s.streams.release(c.name)
+	defer s.streams.release(c.name, 1)
 	c.log = c.log.With("stream", s.streamIDs.Add(1))
 	return handler(srv, &callerStream{ServerStream: ss, ctx: ctx})
 }
@@ -135,28 +135,31 @@ func peerOf(ctx context.Context) auth.Peer {
 	return auth.Peer{Network: "unknown"}
 }
 
-// streamCounter counts each caller's open streams against a limit.
-type streamCounter struct {
+// callerCounter counts what each caller holds (its open streams, the
+// objects of its status streams) against a limit.
+type callerCounter struct {
 	max int
 
 	mu   sync.Mutex // guards open
 	open map[string]int
 }
 
-func (c *streamCounter) acquire(name string) bool {
+// acquire adds n to name's count unless that would exceed the limit.
+func (c *callerCounter) acquire(name string, n int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.open[name] >= c.max {
+	if c.open[name]+n > c.max {
 		return false
 	}
-	c.open[name]++
+	c.open[name] += n
 	return true
 }
 
-func (c *streamCounter) release(name string) {
+// release takes back n of what acquire added.
+func (c *callerCounter) release(name string, n int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.open[name]--; c.open[name] <= 0 {
+	if c.open[name] -= n; c.open[name] <= 0 {
 		delete(c.open, name)
 	}
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -22,6 +23,10 @@ var (
 	// errLimit: a request exceeds one of the daemon's limits; the wrapping
 	// error names it.
 	errLimit = errors.New("limit exceeded")
+	// errTooLarge: a request is larger than the daemon ever accepts, so
+	// sending it again cannot succeed (REQUEST_TOO_LARGE); it is an
+	// errLimit.
+	errTooLarge = fmt.Errorf("%w: request too large", errLimit)
 	// errSensitive: the resource is sensitive and the operator has not
 	// opted in to serving it.
 	errSensitive = errors.New("sensitive resource")
@@ -69,6 +74,8 @@ func toStatus(err error) error {
 		reason = informerdv1.ReasonObjectNotFound
 	case errors.Is(err, errClusterScoped):
 		reason = informerdv1.ReasonClusterScoped
+	case errors.Is(err, errTooLarge):
+		reason = informerdv1.ReasonRequestTooLarge
 	}
 	if reason != "" {
 		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Domain: informerdv1.ErrorDomain, Reason: reason}); derr == nil {

@@ -27,7 +27,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "informerd_status_events_out_total", Help: "Status events (statuses and SYNCED markers) written to WatchStatus streams.",
 		}),
 		limited: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "informerd_limit_rejections_total", Help: "Streams and connections refused by a limit, by limit: streams_per_caller, connections, connections_per_peer, unauthenticated_connections.",
+			Name: "informerd_limit_rejections_total", Help: "Streams and connections refused by a limit, by limit: streams_per_caller, status_objects_per_caller, connections, connections_per_peer, unauthenticated_connections.",
 		}, []string{"limit"}),
 	}
 	if reg != nil {

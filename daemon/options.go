@@ -11,6 +11,7 @@ import (
 	"github.com/informerd/informerd/address"
 	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/cache"
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 	statusengine "github.com/informerd/informerd/status"
 )
 
@@ -71,8 +72,17 @@ type Limits struct {
 	// MaxStreamsPerCaller bounds the open streams of one caller (a user),
 	// on all its connections. Default 512.
 	MaxStreamsPerCaller int
-	// MaxRequestBytes bounds a request message. Default 64 KiB.
+	// MaxRequestBytes bounds a request message, of every method.
+	// WatchStatusChunked takes a larger WatchStatus request in several
+	// messages. Default 64 KiB.
 	MaxRequestBytes int
+	// MaxStatusObjectsPerCaller bounds the objects of all the open status
+	// streams of one caller, counted as their requests arrive, so that a
+	// caller cannot make the daemon hold more than this many objects'
+	// worth of status state (about 1 KiB each), whatever its number of
+	// streams. It is at least one request's limit (20,000 objects).
+	// Default 100,000.
+	MaxStatusObjectsPerCaller int
 	// MaxSelectorBytes bounds each selector of a request. Default 4 KiB.
 	MaxSelectorBytes int
 	// MaxHeaderBytes bounds a request's metadata, its token included.
@@ -115,6 +125,8 @@ func (l *Limits) setDefaults() {
 	}
 	def(&l.MaxStreamsPerCaller, 512)
 	def(&l.MaxRequestBytes, 64<<10)
+	def(&l.MaxStatusObjectsPerCaller, 5*informerdv1.MaxStatusObjects)
+	l.MaxStatusObjectsPerCaller = max(l.MaxStatusObjectsPerCaller, informerdv1.MaxStatusObjects)
 	def(&l.MaxSelectorBytes, 4<<10)
 	def(&l.MaxHeaderBytes, 16<<10)
 	def(&l.MaxStreamsPerConnection, 256)

@@ -33,9 +33,11 @@ type Server struct {
 	opts    Options
 	log     *slog.Logger
 	metrics *metrics
-	streams *streamCounter
-	conns   *connCounter
-	holds   *holdRegistry
+	streams *callerCounter
+	// statusObjects counts the objects of each caller's status streams.
+	statusObjects *callerCounter
+	conns         *connCounter
+	holds         *holdRegistry
 	// shutdown ends every stream when cancelled.
 	shutdown       context.Context
 	cancelShutdown context.CancelFunc
@@ -75,9 +77,10 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{
 		opts: opts, log: opts.Logger, metrics: newMetrics(opts.Registerer),
-		streams: &streamCounter{max: opts.Limits.MaxStreamsPerCaller, open: map[string]int{}},
-		conns:   &connCounter{max: opts.Limits.MaxConnections, perPeer: opts.Limits.MaxConnectionsPerPeer, byPeer: map[string]int{}},
-		holds:   &holdRegistry{holds: map[*hold]struct{}{}},
+		streams:       &callerCounter{max: opts.Limits.MaxStreamsPerCaller, open: map[string]int{}},
+		statusObjects: &callerCounter{max: opts.Limits.MaxStatusObjectsPerCaller, open: map[string]int{}},
+		conns:         &connCounter{max: opts.Limits.MaxConnections, perPeer: opts.Limits.MaxConnectionsPerPeer, byPeer: map[string]int{}},
+		holds:         &holdRegistry{holds: map[*hold]struct{}{}},
 	}
 	var err error
 	if s.addresses, s.addressReads, err = newAddresses(opts); err != nil {

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/cli-utils/pkg/object"
 
 	"github.com/informerd/informerd/cache"
+	"github.com/informerd/informerd/internal/objref"
 	"github.com/informerd/informerd/internal/quote"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 	statusengine "github.com/informerd/informerd/status"
@@ -23,8 +24,8 @@ import (
 // maxClientName bounds WatchRequest.client_name.
 const maxClientName = 128
 
-// maxName bounds GetRequest.name: Kubernetes names are at most 253 bytes.
-const maxName = 253
+// maxName bounds GetRequest.name.
+const maxName = objref.MaxName
 
 // maxResourceVersion bounds resourceVersions a client sends: etcd's are
 // at most 20 digits; aggregated APIs may use other strings.
@@ -110,7 +111,7 @@ func holderName(name string) (string, error) {
 
 // validateWatch turns a WatchRequest into a cache.Request, or returns an
 // INVALID_ARGUMENT status naming the field and what is wrong with it, or an
-// error wrapping errLimit for a selector longer than maxSelector bytes.
+// error wrapping errTooLarge for a selector longer than maxSelector bytes.
 // Messages quote at most a short prefix of what the client sent.
 //
 // It rewrites req's selectors to their canonical spellings (the
@@ -121,7 +122,7 @@ func holderName(name string) (string, error) {
 func validateWatch(req *informerdv1.WatchRequest, maxSelector int) (cache.Request, cache.View, error) {
 	for _, f := range []struct{ name, value string }{{"label_selector", req.GetLabelSelector()}, {"field_selector", req.GetFieldSelector()}} {
 		if len(f.value) > maxSelector {
-			return cache.Request{}, 0, fmt.Errorf("%w: %s is %d bytes, over the limit of %d (max-selector-bytes)", errLimit, f.name, len(f.value), maxSelector)
+			return cache.Request{}, 0, fmt.Errorf("%w: %s is %d bytes, over the limit of %d (max-selector-bytes)", errTooLarge, f.name, len(f.value), maxSelector)
 		}
 	}
 	r, kind := req.GetResource(), req.GetKind()
@@ -206,19 +207,16 @@ func validateGet(req *informerdv1.GetRequest) (cache.Request, string, cache.View
 	}, name, view, nil
 }
 
-// maxStatusObjects bounds the objects of one WatchStatusRequest.
-const maxStatusObjects = 20000
-
 // validateWatchStatus turns a WatchStatusRequest into a status.Request, or
 // returns an INVALID_ARGUMENT status naming the object and what is wrong.
 func validateWatchStatus(req *informerdv1.WatchStatusRequest) (statusengine.Request, error) {
 	objs := req.GetObjects()
-	if len(objs) > maxStatusObjects {
-		return statusengine.Request{}, invalid("objects: %d objects, at most %d are allowed in one request", len(objs), maxStatusObjects)
+	if len(objs) > informerdv1.MaxStatusObjects {
+		return statusengine.Request{}, tooManyObjects(len(objs))
 	}
 	ids := make(object.ObjMetadataSet, 0, len(objs))
 	for i, o := range objs {
-		if err := validateObjectReference(o); err != "" {
+		if err := objref.Invalid(o.GetGroup(), o.GetKind(), o.GetNamespace(), o.GetName()); err != "" {
 			return statusengine.Request{}, invalid("objects[%d]: %s", i, err)
 		}
 		ids = append(ids, object.ObjMetadata{
@@ -241,25 +239,4 @@ func validateWatchStatus(req *informerdv1.WatchStatusRequest) (statusengine.Requ
 		return statusengine.Request{}, err
 	}
 	return statusengine.Request{IDs: ids, Strategy: strategy, Holder: holder}, nil
-}
-
-// validateObjectReference returns what is wrong with o, or "".
-func validateObjectReference(o *informerdv1.ObjectReference) string {
-	switch {
-	case o.GetKind() == "":
-		return `kind is required, for example "Deployment"`
-	case len(validation.IsDNS1035Label(strings.ToLower(o.GetKind()))) > 0:
-		return fmt.Sprintf("kind %s: %s", quote.String(o.GetKind()), validation.IsDNS1035Label(strings.ToLower(o.GetKind()))[0])
-	case o.GetGroup() != "" && len(validation.IsDNS1123Subdomain(o.GetGroup())) > 0:
-		return fmt.Sprintf("group %s: %s", quote.String(o.GetGroup()), validation.IsDNS1123Subdomain(o.GetGroup())[0])
-	case o.GetNamespace() != "" && len(validation.IsDNS1123Label(o.GetNamespace())) > 0:
-		return fmt.Sprintf("namespace %s: %s", quote.String(o.GetNamespace()), validation.IsDNS1123Label(o.GetNamespace())[0])
-	case o.GetName() == "":
-		return "name is required"
-	case len(o.GetName()) > maxName:
-		return fmt.Sprintf("name %s is %d bytes long, at most %d are allowed", quote.String(o.GetName()), len(o.GetName()), maxName)
-	case len(content.IsPathSegmentName(o.GetName())) > 0:
-		return fmt.Sprintf("name %s: %s", quote.String(o.GetName()), content.IsPathSegmentName(o.GetName())[0])
-	}
-	return ""
 }

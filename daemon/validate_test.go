@@ -69,7 +69,7 @@ func TestValidateWatchStatus(t *testing.T) {
 		{"long name", &informerdv1.WatchStatusRequest{Objects: []*informerdv1.ObjectReference{ref("", "ConfigMap", "ns", long)}}, "is 300 bytes long"},
 		{"slash in name", &informerdv1.WatchStatusRequest{Objects: []*informerdv1.ObjectReference{ref("", "ConfigMap", "ns", "a/b")}}, "objects[0]: name"},
 		{"bad strategy", &informerdv1.WatchStatusRequest{ScopeStrategy: 9}, "scope_strategy 9"},
-		{"too many", &informerdv1.WatchStatusRequest{Objects: make([]*informerdv1.ObjectReference, maxStatusObjects+1)}, "at most 20000"},
+		{"too many", &informerdv1.WatchStatusRequest{Objects: make([]*informerdv1.ObjectReference, informerdv1.MaxStatusObjects+1)}, "at most 20000"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := validateWatchStatus(tc.req)

@@ -112,8 +112,10 @@ type target struct {
 	watches map[*Watch]struct{}
 	// status is nil until first computed; then shared, never modified.
 	status *event.ResourceStatus
-	deps   []dep     // the lists status was computed from
-	due    time.Time // unschedulable re-check, or zero
+	// objects are what status was computed from (Status.Objects).
+	objects map[object.ObjMetadata][]byte
+	deps    []dep     // the lists status was computed from
+	due     time.Time // unschedulable re-check, or zero
 	// computed is when status was last computed, and cost how long that
 	// took: a change waits until computed+holdFor(cost).
 	computed time.Time
@@ -182,7 +184,7 @@ func (e *Engine) Watch(ctx context.Context, req Request) (*Watch, error) {
 		e: e, req: req, strategy: resolveStrategy(req.Strategy, req.IDs),
 		access:  map[Access]bool{},
 		sent:    map[*target]*event.ResourceStatus{},
-		pending: map[object.ObjMetadata]*event.ResourceStatus{},
+		pending: map[object.ObjMetadata]Status{},
 		wake:    make(chan struct{}, 1),
 	}
 	if err := e.send(ctx, func() { e.register(w) }); err != nil {
@@ -375,7 +377,7 @@ func (e *Engine) deliverable(w *Watch, t *target) bool {
 func (e *Engine) deliver(w *Watch, t *target) {
 	if t.status != nil && w.sent[t] != t.status && e.deliverable(w, t) {
 		w.sent[t] = t.status
-		w.push(t.status)
+		w.push(Status{ResourceStatus: t.status, Objects: t.objects})
 	}
 }
 
@@ -450,7 +452,7 @@ func allKnown(fs []*feed) bool {
 func (e *Engine) compute(t *target, changed bool) bool {
 	e.metrics.computations.Inc()
 	t.computed = time.Now()
-	rs, unsched := e.read(t)
+	rs, objects, unsched := e.read(t)
 	t.cost = time.Since(t.computed)
 	if changed || !unsched {
 		if !t.due.IsZero() {
@@ -467,7 +469,7 @@ func (e *Engine) compute(t *target, changed bool) bool {
 	if t.status != nil && equal(t.status, rs) {
 		return false
 	}
-	t.status = rs
+	t.status, t.objects = rs, objects
 	e.metrics.changes.Inc()
 	for w := range t.watches {
 		e.deliver(w, t)
@@ -475,28 +477,30 @@ func (e *Engine) compute(t *target, changed bool) bool {
 	return true
 }
 
-// read computes t's status from the feeds with cli-utils' status readers.
-func (e *Engine) read(t *target) (*event.ResourceStatus, bool) {
+// read computes t's status from the feeds with cli-utils' status readers,
+// and returns it with the objects it was computed from (the cache's bytes).
+func (e *Engine) read(t *target) (*event.ResourceStatus, map[object.ObjMetadata][]byte, bool) {
 	if t.feed.state != feedSynced {
 		t.deps = nil
-		return notFound(t.id), false
+		return notFound(t.id), nil, false
 	}
 	o, ok := t.feed.sub.Get(t.id.Namespace, t.id.Name)
 	if !ok {
 		t.deps = nil
-		return notFound(t.id), false
+		return notFound(t.id), nil, false
 	}
+	objects := map[object.ObjMetadata][]byte{t.id: o.Data}
 	u, err := decode(o.Data)
 	if err != nil {
-		return &event.ResourceStatus{Identifier: t.id, Status: kstatus.UnknownStatus, Error: err}, false
+		return &event.ResourceStatus{Identifier: t.id, Status: kstatus.UnknownStatus, Error: err}, nil, false
 	}
-	cr := &clusterReader{t: t}
+	cr := &clusterReader{t: t, objects: objects}
 	rs, err := e.reader.ReadStatusForObject(e.ctx, cr, u)
 	t.deps = cr.deps
 	if err != nil {
-		return &event.ResourceStatus{Identifier: t.id, Status: kstatus.UnknownStatus, Resource: identity(u), Error: err}, false
+		return &event.ResourceStatus{Identifier: t.id, Status: kstatus.UnknownStatus, Resource: identity(u), Error: err}, objects, false
 	}
-	return summarize(rs), unschedulable(rs)
+	return summarize(rs), objects, unschedulable(rs)
 }
 
 // onTimer marks the targets whose unschedulable re-check is due, or whose

@@ -127,9 +127,17 @@ func summary(rss []*event.ResourceStatus) []string {
 	return out
 }
 
+func resourceStatuses(ss []Status) []*event.ResourceStatus {
+	out := make([]*event.ResourceStatus, len(ss))
+	for i, s := range ss {
+		out[i] = s.ResourceStatus
+	}
+	return out
+}
+
 func expectStatuses(t *testing.T, b Batch, want ...string) {
 	t.Helper()
-	if got := summary(b.Statuses); !slices.Equal(got, want) {
+	if got := summary(resourceStatuses(b.Statuses)); !slices.Equal(got, want) {
 		t.Fatalf("statuses %q, want %q", got, want)
 	}
 }
@@ -220,6 +228,13 @@ func TestOnlyChangesAreDelivered(t *testing.T) {
 		synctest.Wait()
 		b := poll(t, w)
 		expectStatuses(t, b, "ConfigMap/cm=Current")
+		// The object comes with the status, as the cache holds it (the same
+		// bytes, not a copy): the latest version, not the one computed
+		// before the change that sent nothing.
+		cm := id(configMapGK, "ns", "cm")
+		if got, want := b.Statuses[0].Objects[cm], src.data(configMapGK, "ns", "cm"); len(got) == 0 || &got[0] != &want[0] {
+			t.Fatalf("object %s, want the cache's bytes %s", got, want)
+		}
 		if b.Statuses[0].Resource.GetGeneration() != 2 {
 			t.Fatalf("generation %d, want 2", b.Statuses[0].Resource.GetGeneration())
 		}
@@ -314,6 +329,14 @@ func TestGeneratedResources(t *testing.T) {
 		}
 		if gen[0].Resource != nil {
 			t.Fatal("a generated resource carries its object")
+		}
+		for _, o := range []object.ObjMetadata{id(deploymentGK, "ns", "web"), id(replicaSetGK, "ns", "web-h1"), id(podGK, "ns", "web-1")} {
+			if got, want := b.Statuses[0].Objects[o], src.data(o.GroupKind, o.Namespace, o.Name); len(got) == 0 || &got[0] != &want[0] {
+				t.Fatalf("objects %v: %s is not the cache's", b.Statuses[0].Objects, o)
+			}
+		}
+		if len(b.Statuses[0].Objects) != 3 {
+			t.Fatalf("objects of %d objects, want the Deployment, its ReplicaSet and its Pod", len(b.Statuses[0].Objects))
 		}
 
 		before := testutil.ToFloat64(e.metrics.computations)
@@ -411,7 +434,7 @@ func TestResourceServedDuringTheWatch(t *testing.T) {
 		b = poll(t, w)
 		want := []Access{{GVR: schema.GroupVersionResource{Group: "example.com", Version: "v1", Resource: "widgets"}, Namespace: "ns"}}
 		if !slices.Equal(b.Access, want) || len(b.Statuses) != 0 {
-			t.Fatalf("once served: Access %v, statuses %q; want only the Access %v", b.Access, summary(b.Statuses), want)
+			t.Fatalf("once served: Access %v, statuses %q; want only the Access %v", b.Access, summary(resourceStatuses(b.Statuses)), want)
 		}
 		grant(t, w, b)
 		expectStatuses(t, poll(t, w), "Widget/w=Current")
@@ -577,7 +600,7 @@ func TestNewVersionNeedsANewGrant(t *testing.T) {
 		b := poll(t, w)
 		want := []Access{{GVR: schema.GroupVersionResource{Group: "example.com", Version: "v2", Resource: "widgets"}, Namespace: "ns"}}
 		if !slices.Equal(b.Access, want) || len(b.Statuses) != 0 {
-			t.Fatalf("served as v2: Access %v, statuses %q; want only the Access %v", b.Access, summary(b.Statuses), want)
+			t.Fatalf("served as v2: Access %v, statuses %q; want only the Access %v", b.Access, summary(resourceStatuses(b.Statuses)), want)
 		}
 		if n := src.subscriptions(widgetGK); n != 1 {
 			t.Fatalf("%d subscriptions before v2 was granted, want 1 (v1's)", n)
@@ -629,7 +652,7 @@ func TestChangesWithinTheHoldAreComputedOnce(t *testing.T) {
 		unready("web-2")
 		synctest.Wait()
 		if b := poll(t, w); len(b.Statuses) != 0 || testutil.ToFloat64(e.metrics.computations) != before {
-			t.Fatalf("within the hold: statuses %q, %v computations", summary(b.Statuses), testutil.ToFloat64(e.metrics.computations)-before)
+			t.Fatalf("within the hold: statuses %q, %v computations", summary(resourceStatuses(b.Statuses)), testutil.ToFloat64(e.metrics.computations)-before)
 		}
 		time.Sleep(hold / 2)
 		synctest.Wait()

@@ -89,6 +89,13 @@ func (s *fakeSource) subscriptions(gk schema.GroupKind) int {
 	return s.subscribed[gk]
 }
 
+// data returns the bytes the source holds of an object.
+func (s *fakeSource) data(gk schema.GroupKind, namespace, name string) []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.objects[gk][namespace+"/"+name].Data
+}
+
 // put creates or updates u.
 func (s *fakeSource) put(t testing.TB, u *unstructured.Unstructured) {
 	t.Helper()

@@ -172,6 +172,8 @@ type clusterReader struct {
 	// their statuses from there.
 	pods   *feed
 	listed map[string]*cache.Object
+	// objects collects the bytes of every object listed, by identifier.
+	objects map[object.ObjMetadata][]byte
 }
 
 // dep is one list a target's status was computed from.
@@ -203,6 +205,7 @@ func (r *clusterReader) ListNamespaceScoped(_ context.Context, list *unstructure
 	if len(objs) > 0 {
 		for _, o := range objs {
 			d.names[o.Name] = struct{}{}
+			r.objects[object.ObjMetadata{GroupKind: gk, Namespace: o.Namespace, Name: o.Name}] = o.Data
 			if gk == podGK {
 				// podStatuses reads the Pod from r.listed, decoding it
 				// only if its status at this resourceVersion is not known:

@@ -66,14 +66,26 @@ type Batch struct {
 	// reported once.
 	Access []Access
 	// Statuses are the latest status of each object that changed since
-	// the last Batch, sorted by identifier. Resource carries only the
-	// object's apiVersion, kind and metadata name, namespace, uid,
-	// generation and resourceVersion (nil when NotFound); generated
-	// resources carry no Resource. They are shared: do not modify them.
-	Statuses []*event.ResourceStatus
+	// the last Batch, sorted by identifier. They are shared: do not modify
+	// them.
+	Statuses []Status
 	// Synced is true once, in the Batch that completes the first status of
 	// every object (after its Statuses).
 	Synced bool
+}
+
+// Status is one object's status. Its Resource carries only the object's
+// apiVersion, kind and metadata name, namespace, uid, generation and
+// resourceVersion (nil when NotFound); generated resources carry no
+// Resource. Objects holds the objects themselves.
+type Status struct {
+	*event.ResourceStatus
+	// Objects are the JSON of the object and of each generated resource
+	// the status was computed from, by identifier (nil when the object was
+	// not found). They are the cache's bytes, shared by every Watch and
+	// not copied: the Engine keeps, per object, those of its latest
+	// status only. Do not modify them.
+	Objects map[object.ObjMetadata][]byte
 }
 
 func (b Batch) empty() bool { return len(b.Access) == 0 && len(b.Statuses) == 0 && !b.Synced }
@@ -99,7 +111,7 @@ type Watch struct {
 
 	mu sync.Mutex // guards pending, report, synced, syncedSent and err
 	// pending is the latest undelivered status of each object.
-	pending    map[object.ObjMetadata]*event.ResourceStatus
+	pending    map[object.ObjMetadata]Status
 	report     []Access // not yet returned by Next
 	synced     bool
 	syncedSent bool
@@ -115,12 +127,12 @@ func (w *Watch) Next(ctx context.Context) (Batch, error) {
 		w.mu.Lock()
 		var b Batch
 		if len(w.pending) > 0 {
-			b.Statuses = make([]*event.ResourceStatus, 0, len(w.pending))
+			b.Statuses = make([]Status, 0, len(w.pending))
 			for _, rs := range w.pending {
 				b.Statuses = append(b.Statuses, rs)
 			}
 			clear(w.pending)
-			slices.SortFunc(b.Statuses, func(x, y *event.ResourceStatus) int { return compareIDs(x.Identifier, y.Identifier) })
+			slices.SortFunc(b.Statuses, func(x, y Status) int { return compareIDs(x.Identifier, y.Identifier) })
 		}
 		b.Access, w.report = w.report, nil
 		if w.synced && !w.syncedSent {
@@ -155,7 +167,7 @@ func (w *Watch) Close() {
 }
 
 // push records rs as w's latest status of its object and wakes the reader.
-func (w *Watch) push(rs *event.ResourceStatus) {
+func (w *Watch) push(rs Status) {
 	w.mu.Lock()
 	w.pending[rs.Identifier] = rs
 	w.mu.Unlock()

@@ -26,3 +26,12 @@ const ReasonObjectNotFound = "OBJECT_NOT_FOUND"
 // server has no such path. A client that treats the namespace as a
 // default (kubectl's -n) retries without it.
 const ReasonClusterScoped = "CLUSTER_SCOPED"
+
+// ReasonRequestTooLarge is the ErrorInfo reason of a RESOURCE_EXHAUSTED for
+// a request message larger than the daemon accepts: sending it again
+// cannot succeed.
+const ReasonRequestTooLarge = "REQUEST_TOO_LARGE"
+
+// MaxStatusObjects is the most objects one WatchStatus or
+// WatchStatusChunked request may name.
+const MaxStatusObjects = 20000

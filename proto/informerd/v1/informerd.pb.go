@@ -2008,9 +2008,14 @@ type WatchStatusRequest struct {
 	// what the caller must be allowed to list and watch.
 	ScopeStrategy ScopeStrategy `protobuf:"varint,2,opt,name=scope_strategy,json=scopeStrategy,proto3,enum=informerd.v1.ScopeStrategy" json:"scope_strategy,omitempty"`
 	// client_name identifies the caller in introspection and logs.
-	ClientName    string `protobuf:"bytes,3,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ClientName string `protobuf:"bytes,3,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
+	// include_objects asks for the object a status was computed from, and
+	// those of its generated resources, in every status sent (object_json):
+	// what cli-utils' own StatusWatcher hands an applier. Without it a status
+	// carries the object's identity only.
+	IncludeObjects bool `protobuf:"varint,4,opt,name=include_objects,json=includeObjects,proto3" json:"include_objects,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *WatchStatusRequest) Reset() {
@@ -2062,6 +2067,13 @@ func (x *WatchStatusRequest) GetClientName() string {
 		return x.ClientName
 	}
 	return ""
+}
+
+func (x *WatchStatusRequest) GetIncludeObjects() bool {
+	if x != nil {
+		return x.IncludeObjects
+	}
+	return false
 }
 
 // WatchStatusResponse carries the status events that were ready together.
@@ -2190,8 +2202,15 @@ type ResourceStatus struct {
 	ResourceVersion string `protobuf:"bytes,8,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	// generated are the statuses of the objects generated from this one (a
 	// Deployment's ReplicaSets and their Pods), sorted by namespace, group,
-	// kind and name; they carry only object, status, message and error.
-	Generated     []*ResourceStatus `protobuf:"bytes,9,rep,name=generated,proto3" json:"generated,omitempty"`
+	// kind and name; they carry object, status, message and error, and
+	// object_json when it was asked for.
+	Generated []*ResourceStatus `protobuf:"bytes,9,rep,name=generated,proto3" json:"generated,omitempty"`
+	// object_json is the object the status was computed from, as the daemon's
+	// cache held it (JSON, managedFields removed unless the daemon keeps
+	// them), when the request set include_objects and the object exists. It
+	// is sent only with a status: a change of the object that does not change
+	// its status sends nothing.
+	ObjectJson    []byte `protobuf:"bytes,10,opt,name=object_json,json=objectJson,proto3" json:"object_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2285,6 +2304,13 @@ func (x *ResourceStatus) GetResourceVersion() string {
 func (x *ResourceStatus) GetGenerated() []*ResourceStatus {
 	if x != nil {
 		return x.Generated
+	}
+	return nil
+}
+
+func (x *ResourceStatus) GetObjectJson() []byte {
+	if x != nil {
+		return x.ObjectJson
 	}
 	return nil
 }
@@ -2743,17 +2769,18 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1c\n" +
 	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x04 \x01(\tR\x04name\"\xb2\x01\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\"\xdb\x01\n" +
 	"\x12WatchStatusRequest\x127\n" +
 	"\aobjects\x18\x01 \x03(\v2\x1d.informerd.v1.ObjectReferenceR\aobjects\x12B\n" +
 	"\x0escope_strategy\x18\x02 \x01(\x0e2\x1b.informerd.v1.ScopeStrategyR\rscopeStrategy\x12\x1f\n" +
 	"\vclient_name\x18\x03 \x01(\tR\n" +
-	"clientName\"H\n" +
+	"clientName\x12'\n" +
+	"\x0finclude_objects\x18\x04 \x01(\bR\x0eincludeObjects\"H\n" +
 	"\x13WatchStatusResponse\x121\n" +
 	"\x06events\x18\x01 \x03(\v2\x19.informerd.v1.StatusEventR\x06events\"v\n" +
 	"\vStatusEvent\x121\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1d.informerd.v1.StatusEventTypeR\x04type\x124\n" +
-	"\x06status\x18\x02 \x01(\v2\x1c.informerd.v1.ResourceStatusR\x06status\"\xdf\x02\n" +
+	"\x06status\x18\x02 \x01(\v2\x1c.informerd.v1.ResourceStatusR\x06status\"\x80\x03\n" +
 	"\x0eResourceStatus\x125\n" +
 	"\x06object\x18\x01 \x01(\v2\x1d.informerd.v1.ObjectReferenceR\x06object\x12,\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x14.informerd.v1.StatusR\x06status\x12\x18\n" +
@@ -2766,7 +2793,10 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"generation\x18\a \x01(\x03R\n" +
 	"generation\x12)\n" +
 	"\x10resource_version\x18\b \x01(\tR\x0fresourceVersion\x12:\n" +
-	"\tgenerated\x18\t \x03(\v2\x1c.informerd.v1.ResourceStatusR\tgenerated\"i\n" +
+	"\tgenerated\x18\t \x03(\v2\x1c.informerd.v1.ResourceStatusR\tgenerated\x12\x1f\n" +
+	"\vobject_json\x18\n" +
+	" \x01(\fR\n" +
+	"objectJson\"i\n" +
 	"\x13GetDiscoveryRequest\x12>\n" +
 	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\"F\n" +
@@ -2828,13 +2858,14 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x0eSTATUS_CURRENT\x10\x03\x12\x16\n" +
 	"\x12STATUS_TERMINATING\x10\x04\x12\x14\n" +
 	"\x10STATUS_NOT_FOUND\x10\x05\x12\x12\n" +
-	"\x0eSTATUS_UNKNOWN\x10\x062\xb9\x04\n" +
+	"\x0eSTATUS_UNKNOWN\x10\x062\x98\x05\n" +
 	"\x0fInformerService\x12B\n" +
 	"\x05Watch\x12\x1a.informerd.v1.WatchRequest\x1a\x1b.informerd.v1.WatchResponse0\x01\x12X\n" +
 	"\rListInformers\x12\".informerd.v1.ListInformersRequest\x1a#.informerd.v1.ListInformersResponse\x12:\n" +
 	"\x03Get\x12\x18.informerd.v1.GetRequest\x1a\x19.informerd.v1.GetResponse\x12W\n" +
 	"\fWatchAddress\x12!.informerd.v1.WatchAddressRequest\x1a\".informerd.v1.WatchAddressResponse0\x01\x12T\n" +
-	"\vWatchStatus\x12 .informerd.v1.WatchStatusRequest\x1a!.informerd.v1.WatchStatusResponse0\x01\x12F\n" +
+	"\vWatchStatus\x12 .informerd.v1.WatchStatusRequest\x1a!.informerd.v1.WatchStatusResponse0\x01\x12]\n" +
+	"\x12WatchStatusChunked\x12 .informerd.v1.WatchStatusRequest\x1a!.informerd.v1.WatchStatusResponse(\x010\x01\x12F\n" +
 	"\aVersion\x12\x1c.informerd.v1.VersionRequest\x1a\x1d.informerd.v1.VersionResponse\x12U\n" +
 	"\fGetDiscovery\x12!.informerd.v1.GetDiscoveryRequest\x1a\".informerd.v1.GetDiscoveryResponseB?Z=github.com/informerd/informerd/proto/informerd/v1;informerdv1b\x06proto3"
 
@@ -2933,17 +2964,19 @@ var file_informerd_v1_informerd_proto_depIdxs = []int32{
 	9,  // 37: informerd.v1.InformerService.Get:input_type -> informerd.v1.GetRequest
 	19, // 38: informerd.v1.InformerService.WatchAddress:input_type -> informerd.v1.WatchAddressRequest
 	27, // 39: informerd.v1.InformerService.WatchStatus:input_type -> informerd.v1.WatchStatusRequest
-	17, // 40: informerd.v1.InformerService.Version:input_type -> informerd.v1.VersionRequest
-	31, // 41: informerd.v1.InformerService.GetDiscovery:input_type -> informerd.v1.GetDiscoveryRequest
-	11, // 42: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
-	14, // 43: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
-	10, // 44: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
-	20, // 45: informerd.v1.InformerService.WatchAddress:output_type -> informerd.v1.WatchAddressResponse
-	28, // 46: informerd.v1.InformerService.WatchStatus:output_type -> informerd.v1.WatchStatusResponse
-	18, // 47: informerd.v1.InformerService.Version:output_type -> informerd.v1.VersionResponse
-	32, // 48: informerd.v1.InformerService.GetDiscovery:output_type -> informerd.v1.GetDiscoveryResponse
-	42, // [42:49] is the sub-list for method output_type
-	35, // [35:42] is the sub-list for method input_type
+	27, // 40: informerd.v1.InformerService.WatchStatusChunked:input_type -> informerd.v1.WatchStatusRequest
+	17, // 41: informerd.v1.InformerService.Version:input_type -> informerd.v1.VersionRequest
+	31, // 42: informerd.v1.InformerService.GetDiscovery:input_type -> informerd.v1.GetDiscoveryRequest
+	11, // 43: informerd.v1.InformerService.Watch:output_type -> informerd.v1.WatchResponse
+	14, // 44: informerd.v1.InformerService.ListInformers:output_type -> informerd.v1.ListInformersResponse
+	10, // 45: informerd.v1.InformerService.Get:output_type -> informerd.v1.GetResponse
+	20, // 46: informerd.v1.InformerService.WatchAddress:output_type -> informerd.v1.WatchAddressResponse
+	28, // 47: informerd.v1.InformerService.WatchStatus:output_type -> informerd.v1.WatchStatusResponse
+	28, // 48: informerd.v1.InformerService.WatchStatusChunked:output_type -> informerd.v1.WatchStatusResponse
+	18, // 49: informerd.v1.InformerService.Version:output_type -> informerd.v1.VersionResponse
+	32, // 50: informerd.v1.InformerService.GetDiscovery:output_type -> informerd.v1.GetDiscoveryResponse
+	43, // [43:51] is the sub-list for method output_type
+	35, // [35:43] is the sub-list for method input_type
 	35, // [35:35] is the sub-list for extension type_name
 	35, // [35:35] is the sub-list for extension extendee
 	0,  // [0:35] is the sub-list for field type_name

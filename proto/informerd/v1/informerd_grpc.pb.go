@@ -19,13 +19,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	InformerService_Watch_FullMethodName         = "/informerd.v1.InformerService/Watch"
-	InformerService_ListInformers_FullMethodName = "/informerd.v1.InformerService/ListInformers"
-	InformerService_Get_FullMethodName           = "/informerd.v1.InformerService/Get"
-	InformerService_WatchAddress_FullMethodName  = "/informerd.v1.InformerService/WatchAddress"
-	InformerService_WatchStatus_FullMethodName   = "/informerd.v1.InformerService/WatchStatus"
-	InformerService_Version_FullMethodName       = "/informerd.v1.InformerService/Version"
-	InformerService_GetDiscovery_FullMethodName  = "/informerd.v1.InformerService/GetDiscovery"
+	InformerService_Watch_FullMethodName              = "/informerd.v1.InformerService/Watch"
+	InformerService_ListInformers_FullMethodName      = "/informerd.v1.InformerService/ListInformers"
+	InformerService_Get_FullMethodName                = "/informerd.v1.InformerService/Get"
+	InformerService_WatchAddress_FullMethodName       = "/informerd.v1.InformerService/WatchAddress"
+	InformerService_WatchStatus_FullMethodName        = "/informerd.v1.InformerService/WatchStatus"
+	InformerService_WatchStatusChunked_FullMethodName = "/informerd.v1.InformerService/WatchStatusChunked"
+	InformerService_Version_FullMethodName            = "/informerd.v1.InformerService/Version"
+	InformerService_GetDiscovery_FullMethodName       = "/informerd.v1.InformerService/GetDiscovery"
 )
 
 // InformerServiceClient is the client API for InformerService service.
@@ -51,7 +52,19 @@ type InformerServiceClient interface {
 	// WatchStatus streams the kstatus of a set of objects: each object's
 	// status once it is known, SYNCED once every object's is, then every
 	// change of an object's status, message or generated resources.
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
 	WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchStatusResponse], error)
+	// WatchStatusChunked is WatchStatus for a request larger than one message
+	// may be (the daemon reads at most 64 KiB per message by default, about
+	// 900 references): the client sends the request in parts, each a
+	// WatchStatusRequest whose objects are added to the previous parts' (the
+	// first part's other fields apply), and closes its side of the stream
+	// after the last; the daemon then sends what WatchStatus sends. Each part
+	// must carry at least one object.
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
+	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+	WatchStatusChunked(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[WatchStatusRequest, WatchStatusResponse], error)
 	// Version reports the daemon's build, to any authenticated caller.
 	Version(ctx context.Context, in *VersionRequest, opts ...grpc.CallOption) (*VersionResponse, error)
 	// GetDiscovery returns the API server's discovery (its groups, versions
@@ -146,6 +159,19 @@ func (c *informerServiceClient) WatchStatus(ctx context.Context, in *WatchStatus
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type InformerService_WatchStatusClient = grpc.ServerStreamingClient[WatchStatusResponse]
 
+func (c *informerServiceClient) WatchStatusChunked(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[WatchStatusRequest, WatchStatusResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &InformerService_ServiceDesc.Streams[3], InformerService_WatchStatusChunked_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchStatusRequest, WatchStatusResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InformerService_WatchStatusChunkedClient = grpc.BidiStreamingClient[WatchStatusRequest, WatchStatusResponse]
+
 func (c *informerServiceClient) Version(ctx context.Context, in *VersionRequest, opts ...grpc.CallOption) (*VersionResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(VersionResponse)
@@ -189,7 +215,19 @@ type InformerServiceServer interface {
 	// WatchStatus streams the kstatus of a set of objects: each object's
 	// status once it is known, SYNCED once every object's is, then every
 	// change of an object's status, message or generated resources.
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
 	WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[WatchStatusResponse]) error
+	// WatchStatusChunked is WatchStatus for a request larger than one message
+	// may be (the daemon reads at most 64 KiB per message by default, about
+	// 900 references): the client sends the request in parts, each a
+	// WatchStatusRequest whose objects are added to the previous parts' (the
+	// first part's other fields apply), and closes its side of the stream
+	// after the last; the daemon then sends what WatchStatus sends. Each part
+	// must carry at least one object.
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
+	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+	WatchStatusChunked(grpc.BidiStreamingServer[WatchStatusRequest, WatchStatusResponse]) error
 	// Version reports the daemon's build, to any authenticated caller.
 	Version(context.Context, *VersionRequest) (*VersionResponse, error)
 	// GetDiscovery returns the API server's discovery (its groups, versions
@@ -221,6 +259,9 @@ func (UnimplementedInformerServiceServer) WatchAddress(*WatchAddressRequest, grp
 }
 func (UnimplementedInformerServiceServer) WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[WatchStatusResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchStatus not implemented")
+}
+func (UnimplementedInformerServiceServer) WatchStatusChunked(grpc.BidiStreamingServer[WatchStatusRequest, WatchStatusResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchStatusChunked not implemented")
 }
 func (UnimplementedInformerServiceServer) Version(context.Context, *VersionRequest) (*VersionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Version not implemented")
@@ -318,6 +359,13 @@ func _InformerService_WatchStatus_Handler(srv interface{}, stream grpc.ServerStr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type InformerService_WatchStatusServer = grpc.ServerStreamingServer[WatchStatusResponse]
 
+func _InformerService_WatchStatusChunked_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(InformerServiceServer).WatchStatusChunked(&grpc.GenericServerStream[WatchStatusRequest, WatchStatusResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InformerService_WatchStatusChunkedServer = grpc.BidiStreamingServer[WatchStatusRequest, WatchStatusResponse]
+
 func _InformerService_Version_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(VersionRequest)
 	if err := dec(in); err != nil {
@@ -393,6 +441,12 @@ var InformerService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "WatchStatus",
 			Handler:       _InformerService_WatchStatus_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchStatusChunked",
+			Handler:       _InformerService_WatchStatusChunked_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "informerd/v1/informerd.proto",
