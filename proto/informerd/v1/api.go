@@ -26,3 +26,23 @@ const ReasonObjectNotFound = "OBJECT_NOT_FOUND"
 // server has no such path. A client that treats the namespace as a
 // default (kubectl's -n) retries without it.
 const ReasonClusterScoped = "CLUSTER_SCOPED"
+
+// ReasonSensitive is the ErrorInfo reason of a PERMISSION_DENIED for a
+// resource the daemon does not serve to anyone (a sensitive resource its
+// operator has not opted in to): the caller's RBAC was not consulted.
+const ReasonSensitive = "SENSITIVE_RESOURCE"
+
+// ReasonDenied is the ErrorInfo reason of a PERMISSION_DENIED from the
+// API server's authorizer; its metadata carries MetadataUser, the caller
+// as the API server names it, for messages in the API server's shape.
+const ReasonDenied = "ACCESS_DENIED"
+
+// MetadataUser is the ErrorInfo metadata key of the caller's user name.
+const MetadataUser = "user"
+
+// HeaderAccepted is a response header key of a Watch stream: the daemon
+// sends its headers once it has accepted the request (validated,
+// authorized, subscribed, its informer synced and as fresh as asked), so
+// that a client can tell an accepted stream that has nothing to send yet
+// from one about to fail.
+const HeaderAccepted = "informerd-accepted"
