@@ -137,6 +137,11 @@ func (t *wrapTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if r == nil {
 		return t.pass(req, reason, nil)
 	}
+	if req.Body != nil { // a GET's, if any: RoundTrip closes it, and what is passed through reads nothing
+		_ = req.Body.Close()
+		req = req.Clone(req.Context())
+		req.Body = http.NoBody
+	}
 	ctx := req.Context()
 	if !t.ready(ctx) {
 		return t.daemonError(req, r, status.Error(codes.Unavailable, "informerd is unreachable"))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -29,6 +30,7 @@ import (
 	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/cache"
 	"github.com/informerd/informerd/client"
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 	"github.com/informerd/informerd/test/controlplane"
 )
 
@@ -476,5 +478,65 @@ func TestWrapConfigPassesThrough(t *testing.T) {
 	}
 	if _, err := strict.CoreV1().Pods(ns).GetLogs("p", &corev1.PodLogOptions{}).DoRaw(ctx); !errors.Is(err, client.ErrNotServed) {
 		t.Errorf("strict logs: %v, want ErrNotServed", err)
+	}
+}
+
+// TestInformerctlProxyWithKubectl: the real kubectl, pointed at
+// informerctl proxy with --server, lists and watches (a label selector)
+// through the daemon, as the token's ServiceAccount, and writes through
+// the API server with the kubeconfig's credentials.
+func TestInformerctlProxyWithKubectl(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bin, err := controlplane.BinDir(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubectl := filepath.Join(bin, "kubectl")
+	ns := createNamespace(ctx, t, "wrap-proxy")
+	admin := kubeClient(t)
+	labeled := func(name string) {
+		t.Helper()
+		if _, err := admin.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": "x"}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	labeled("one")
+	createConfigMap(ctx, t, ns, "unlabeled", nil)
+	d := startDaemon(t, cache.Options{})
+	token := tokenFile(t, reads(configMaps, ns)) // reads only
+	p := startCtl(t, informerctlBin.build(t), "-address", d.socket, "-token-file", token, "proxy", "-port", "0", "-kubeconfig", env.KubeconfigPath)
+	lines := p.next(ctx, "the proxy serves", func(l string) bool { return strings.HasPrefix(l, "Starting to serve on ") })
+	server := "http://" + strings.TrimPrefix(lines[len(lines)-1], "Starting to serve on ")
+
+	out, err := exec.CommandContext(ctx, kubectl, "--server", server, "get", "configmaps", "-n", ns, "-o", "json").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), `"name": "one"`) || !strings.Contains(string(out), `"name": "unlabeled"`) {
+		t.Fatalf("kubectl get -o json: %v\n%s", err, out)
+	}
+	w := startCtl(t, kubectl, "--server", server, "get", "configmaps", "-n", ns, "-l", "app=x", "-w", "-o", "json")
+	w.next(ctx, "the watch's initial object", func(l string) bool { return strings.Contains(l, `"name": "one"`) })
+	if out, err := exec.CommandContext(ctx, kubectl, "--server", server, "create", "configmap", "written", "-n", ns).CombinedOutput(); err != nil {
+		t.Fatalf("kubectl create through the proxy (the kubeconfig's credentials): %v\n%s", err, out)
+	}
+	labeled("two")
+	got := w.next(ctx, "the watch's new object", func(l string) bool { return strings.Contains(l, `"name": "two"`) })
+	for _, l := range got {
+		if strings.Contains(l, `"name": "unlabeled"`) || strings.Contains(l, `"name": "written"`) {
+			t.Errorf("the label selector's watch printed %q", l)
+		}
+	}
+	// The reads went through the daemon: its proxy streams held the informer.
+	infs, err := d.dial(t, introspects).API().ListInformers(ctx, &informerdv1.ListInformersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := false
+	for _, inf := range infs.GetInformers() {
+		for _, s := range inf.GetSubscribers() {
+			held = held || (s.GetClientName() == "informerctl-proxy" && inf.GetResource().GetResource() == "configmaps")
+		}
+	}
+	if !held {
+		t.Errorf("no informerctl-proxy stream on the daemon's ConfigMaps informer: %v", infs)
 	}
 }
