@@ -129,11 +129,12 @@ func (a *apiServer) got() []string {
 }
 
 type wrapFixture struct {
-	daemon   *wrapDaemon
-	api      *apiServer
-	reg      *prometheus.Registry
-	cfg      *rest.Config // wrapped
-	stopGRPC func()
+	daemon *wrapDaemon
+	api    *apiServer
+	reg    *prometheus.Registry
+	cfg    *rest.Config // wrapped
+	// startGRPC serves the daemon on its socket; stopGRPC stops it.
+	startGRPC, stopGRPC func()
 }
 
 // newWrapFixture serves a wrapDaemon and an apiServer, and returns a
@@ -142,17 +143,20 @@ func newWrapFixture(t *testing.T, o WrapOptions) *wrapFixture {
 	t.Helper()
 	f := &wrapFixture{daemon: &wrapDaemon{end: make(chan struct{})}, api: &apiServer{}, reg: prometheus.NewRegistry()}
 	socket := filepath.Join(t.TempDir(), "d.sock")
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
+	f.startGRPC = func() {
+		l, err := net.Listen("unix", socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := grpc.NewServer()
+		informerdv1.RegisterInformerServiceServer(srv, f.daemon)
+		served := make(chan struct{})
+		go func() { defer close(served); _ = srv.Serve(l) }()
+		var once sync.Once
+		f.stopGRPC = func() { once.Do(func() { srv.Stop(); <-served }) }
+		t.Cleanup(f.stopGRPC)
 	}
-	srv := grpc.NewServer()
-	informerdv1.RegisterInformerServiceServer(srv, f.daemon)
-	served := make(chan struct{})
-	go func() { defer close(served); _ = srv.Serve(l) }()
-	var once sync.Once
-	f.stopGRPC = func() { once.Do(func() { srv.Stop(); <-served }) }
-	t.Cleanup(f.stopGRPC)
+	f.startGRPC()
 	c, err := Dial(socket, WithToken("t"))
 	if err != nil {
 		t.Fatal(err)
@@ -529,6 +533,23 @@ func TestWrapFallsBackWhileTheDaemonIsDown(t *testing.T) {
 	}
 	if got := f.count(outcomeFellBack, reasonUnavailable); got != 1 {
 		t.Errorf("fell back %v times, want 1", got)
+	}
+
+	// Back: requests return to the daemon once the connection is up
+	// again (its reconnect backoff is at most a second).
+	f.startGRPC()
+	f.daemon.set(nil, marker(informerdv1.EventType_EVENT_TYPE_SYNCED, "60"))
+	deadline := time.Now().Add(10 * time.Second)
+	for f.count(outcomeServed, "") < 2 { // the watch, then this list
+		if time.Now().After(deadline) {
+			t.Fatalf("requests still go to the API server %v after the daemon is back", 10*time.Second)
+		}
+		if _, err := cs.CoreV1().Pods("ns").List(ctx, metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if list, err := cs.CoreV1().Pods("ns").List(ctx, metav1.ListOptions{}); err != nil || list.ResourceVersion != "60" {
+		t.Fatalf("list once the daemon is back: %v, %v; want the daemon's at 60", list, err)
 	}
 }
 
