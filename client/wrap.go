@@ -137,7 +137,7 @@ func (t *wrapTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if r == nil {
 		return t.pass(req, reason, nil)
 	}
-	if req.Body != nil { // a GET's, if any: RoundTrip closes it, and what is passed through reads nothing
+	if req.Body != nil && req.Body != http.NoBody { // a GET's, if any: RoundTrip closes it, and what is passed through reads nothing
 		_ = req.Body.Close()
 		req = req.Clone(req.Context())
 		req.Body = http.NoBody
@@ -154,8 +154,11 @@ func (t *wrapTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if r.watch {
 		verb = "watch"
 	}
-	if res == nil || !slices.Contains(res.GetVerbs(), verb) || (r.namespace != "" && !res.GetNamespaced()) {
+	switch {
+	case res == nil || (r.namespace != "" && !res.GetNamespaced()):
 		return t.pass(req, reasonNotServed, notFound())
+	case !slices.Contains(res.GetVerbs(), verb):
+		return t.pass(req, reasonNotServed, &apierrors.NewMethodNotSupported(r.gvr.GroupResource(), verb).ErrStatus)
 	}
 	gvk := r.gvr.GroupVersion().WithKind(res.GetKind())
 	k := kindInfo{gvk: gvk, builtin: scheme.Scheme.Recognizes(gvk)}
