@@ -18,6 +18,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	clientfeatures "k8s.io/client-go/features"
 	clientfeaturestesting "k8s.io/client-go/features/testing"
 	"k8s.io/client-go/informers"
@@ -295,12 +296,19 @@ func TestWrapConfigInformersMatchDirect(t *testing.T) {
 			del("cm", "cm-1")
 			pod("pod-4")
 
-			want := apiState(ctx, t, ns)
-			eventually(ctx, t, "both informer sets hold the API server's state", func() bool {
+			// The API server's state, read again each time: kwok keeps
+			// updating the pods' status.
+			var want, dRVs, wRVs map[string]string
+			err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+				want = apiState(ctx, t, ns)
 				d, _ := direct.state()
 				w, _ := viaDaemon.state()
-				return apiequality.Semantic.DeepEqual(resourceVersions(d), want) && apiequality.Semantic.DeepEqual(resourceVersions(w), want)
+				dRVs, wRVs = resourceVersions(d), resourceVersions(w)
+				return apiequality.Semantic.DeepEqual(dRVs, want) && apiequality.Semantic.DeepEqual(wRVs, want), nil
 			})
+			if err != nil {
+				t.Fatalf("the informers never held the API server's state %v:\ndirect  %v\nwrapped %v", want, dRVs, wRVs)
+			}
 			dObjs, dMeta := direct.state()
 			wObjs, wMeta := viaDaemon.state()
 			for k, o := range dObjs {
