@@ -457,7 +457,12 @@ func TestWrapConfigPassesThrough(t *testing.T) {
 	if _, err := admin.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	_, directLogErr := admin.CoreV1().Pods(ns).GetLogs("p", &corev1.PodLogOptions{}).DoRaw(ctx)
+	// A pod that does not exist: the API server's answer does not depend
+	// on kwok's progress with one that does.
+	_, directLogErr := admin.CoreV1().Pods(ns).GetLogs("missing", &corev1.PodLogOptions{}).DoRaw(ctx)
+	if !apierrors.IsNotFound(directLogErr) {
+		t.Fatalf("direct logs of a missing pod: %v", directLogErr)
+	}
 
 	reg := prometheus.NewRegistry()
 	kc := kubernetes.NewForConfigOrDie(client.WrapConfig(env.RESTConfig(), c, client.WrapOptions{Registerer: reg}))
@@ -468,7 +473,7 @@ func TestWrapConfigPassesThrough(t *testing.T) {
 	if got, err := kc.CoreV1().ConfigMaps(ns).Get(ctx, "written", metav1.GetOptions{}); err != nil || got.UID != cm.UID {
 		t.Fatalf("get: %v %v", got, err)
 	}
-	_, logErr := kc.CoreV1().Pods(ns).GetLogs("p", &corev1.PodLogOptions{}).DoRaw(ctx)
+	_, logErr := kc.CoreV1().Pods(ns).GetLogs("missing", &corev1.PodLogOptions{}).DoRaw(ctx)
 	if fmt.Sprint(logErr) != fmt.Sprint(directLogErr) {
 		t.Errorf("logs: %v, want the API server's %v", logErr, directLogErr)
 	}
