@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"hash"
 	"log/slog"
 	"maps"
@@ -244,10 +245,11 @@ func (z *Authorizer) cached(key accessKey) (decision, bool) {
 }
 
 func (z *Authorizer) deny(u *User, a Attributes, reason string) error {
+	msg := fmt.Sprintf("%s may not %s", u.Name, a)
 	if reason != "" {
-		return errorf(ErrDenied, "%s may not %s: %s", u.Name, a, quote.Message(reason, a.LabelSelector, a.FieldSelector))
+		msg += ": " + quote.Message(reason, a.LabelSelector, a.FieldSelector)
 	}
-	return errorf(ErrDenied, "%s may not %s", u.Name, a)
+	return &Error{Kind: ErrDenied, Msg: msg, User: u.Name}
 }
 
 // review asks the API server whether u may do a.

@@ -25,6 +25,8 @@ var (
 type Error struct {
 	Kind error
 	Msg  string
+	// User is the caller's user name, for ErrDenied.
+	User string
 }
 
 func (e *Error) Error() string { return e.Msg }

@@ -69,6 +69,8 @@ func toStatus(err error) error {
 	// Tells "no such object" and "no such namespace of this resource" from
 	// "no such resource".
 	reason := ""
+	var metadata map[string]string
+	var ae *auth.Error
 	switch {
 	case errors.Is(err, cache.ErrObjectNotFound):
 		reason = informerdv1.ReasonObjectNotFound
@@ -76,9 +78,13 @@ func toStatus(err error) error {
 		reason = informerdv1.ReasonClusterScoped
 	case errors.Is(err, errTooLarge):
 		reason = informerdv1.ReasonRequestTooLarge
+	case errors.Is(err, errSensitive):
+		reason = informerdv1.ReasonSensitive
+	case errors.As(err, &ae) && errors.Is(ae.Kind, auth.ErrDenied) && ae.User != "":
+		reason, metadata = informerdv1.ReasonDenied, map[string]string{informerdv1.MetadataUser: ae.User}
 	}
 	if reason != "" {
-		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Domain: informerdv1.ErrorDomain, Reason: reason}); derr == nil {
+		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Domain: informerdv1.ErrorDomain, Reason: reason, Metadata: metadata}); derr == nil {
 			st = d
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/informerd/informerd/cache"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
@@ -30,6 +31,9 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 		return err
 	}
 	defer sub.Close()
+	if err := stream.SendHeader(metadata.Pairs(informerdv1.HeaderAccepted, "true")); err != nil {
+		return err
+	}
 	apiVersion, kind := sub.TypeMeta()
 	encode := func(e *cache.Event) frame { return encodeEvent(e, view, apiVersion, kind) }
 	s.metrics.streams.Inc()

@@ -6,6 +6,7 @@
 //	informerctl watch RESOURCE [-o FORMAT]           their changes, until stopped
 //	informerctl address IP:PORT [-w]                 who is behind an address
 //	informerctl status -f DIR|FILE|-                 the live kstatus of manifests' objects
+//	informerctl proxy [-port 8001|-unix-socket PATH] the API server's API, reads from the daemon, as kubectl proxy
 //	informerctl version                              informerctl's and the daemon's versions
 //	informerctl completion bash|zsh|fish             a shell completion script
 //
@@ -68,7 +69,7 @@ func newCommand[T any](name, args, summary string, flags func(*flag.FlagSet, *T)
 var commands []*command
 
 func init() {
-	commands = []*command{informersCommand, getCommand, watchCommand, addressCommand, statusCommand, versionCommand, completionCommand}
+	commands = []*command{informersCommand, getCommand, watchCommand, addressCommand, statusCommand, proxyCommand, versionCommand, completionCommand}
 }
 
 func lookup(name string) *command {

@@ -35,3 +35,23 @@ const ReasonRequestTooLarge = "REQUEST_TOO_LARGE"
 // MaxStatusObjects is the most objects one WatchStatus or
 // WatchStatusChunked request may name.
 const MaxStatusObjects = 20000
+
+// ReasonSensitive is the ErrorInfo reason of a PERMISSION_DENIED for a
+// resource the daemon does not serve to anyone (a sensitive resource its
+// operator has not opted in to): the caller's RBAC was not consulted.
+const ReasonSensitive = "SENSITIVE_RESOURCE"
+
+// ReasonDenied is the ErrorInfo reason of a PERMISSION_DENIED from the
+// API server's authorizer; its metadata carries MetadataUser, the caller
+// as the API server names it, for messages in the API server's shape.
+const ReasonDenied = "ACCESS_DENIED"
+
+// MetadataUser is the ErrorInfo metadata key of the caller's user name.
+const MetadataUser = "user"
+
+// HeaderAccepted is a response header key of a Watch stream: the daemon
+// sends its headers once it has accepted the request (validated,
+// authorized, subscribed, its informer synced and as fresh as asked), so
+// that a client can tell an accepted stream that has nothing to send yet
+// from one about to fail.
+const HeaderAccepted = "informerd-accepted"

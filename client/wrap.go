@@ -1,0 +1,564 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+)
+
+// WrapOptions configure WrapConfig. Zero values take the defaults.
+type WrapOptions struct {
+	// ClientName identifies the process in the daemon's introspection.
+	// Default: the config's UserAgent, else "wrapconfig".
+	ClientName string
+	// Strict answers what the daemon does not serve with an error instead
+	// of passing it to the API server: requests it cannot serve fail with
+	// an error naming the reason, and the daemon's refusals come back as
+	// the API server's Status (404, 403, 400, 429, 401, and 503 while the
+	// daemon is unreachable). Default false: they pass through, counted.
+	Strict bool
+	// DialTimeout bounds how long a request waits for the connection to
+	// the daemon before it goes to the API server instead. Default 1s;
+	// while the connection is failing, requests go there at once.
+	DialTimeout time.Duration
+	// Registerer, if set, registers informerd_client_wrap_requests_total.
+	// Configs wrapped with one Registerer share the counter.
+	Registerer prometheus.Registerer
+}
+
+// The outcomes of informerd_client_wrap_requests_total.
+const (
+	outcomeServed   = "served"    // answered by the daemon
+	outcomePassed   = "passed"    // passed through to the API server, by design or because the daemon would not answer exactly
+	outcomeFellBack = "fell_back" // passed through because the daemon was unreachable or unavailable
+	outcomeRefused  = "refused"   // Strict: failed instead of passing through
+)
+
+// WrapConfig returns a copy of cfg whose transport answers list and watch
+// GETs of any resource from c's daemon, in the wire format the caller
+// asked for (JSON, protobuf as the API server encoded it, or
+// PartialObjectMetadata), and passes every other request to the API
+// server with cfg's credentials, unchanged: writes, GETs of one object,
+// subresources, discovery, Table and YAML requests, and what the daemon
+// cannot answer exactly (a Exact resourceVersion, a continue token,
+// parameters it does not know, a resource it does not serve or refuses).
+// Requests it serves carry none of cfg's credentials: the daemon
+// authorizes them as c's token. When the daemon is unreachable, requests
+// fall back to the API server after DialTimeout, and come back once it is
+// reachable; a watch it was serving ends as a watch the API server ends,
+// and the caller's reflector resumes where it was. docs/adoption.md says
+// what is served and how.
+//
+// One wrapped config, and every client made from it, may be used
+// concurrently; c must stay open while they are in use.
+func WrapConfig(cfg *rest.Config, c *Client, o WrapOptions) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	if o.ClientName == "" {
+		o.ClientName = cfg.UserAgent
+		if o.ClientName == "" {
+			o.ClientName = "wrapconfig"
+		}
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = time.Second
+	}
+	seen, _ := lru.New[scope, uint64](1024) // a positive size: cannot fail
+	t := &wrapTransport{c: c, o: o, requests: wrapRequests(o.Registerer), seen: seen, disc: &wrapDiscovery{c: c}}
+	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper {
+		t := *t // one per transport client-go builds; they share the rest
+		t.next = next
+		return &t
+	})
+	return cfg
+}
+
+func wrapRequests(reg prometheus.Registerer) *prometheus.CounterVec {
+	cv := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "informerd_client_wrap_requests_total",
+		Help: "Requests through client.WrapConfig, by outcome (served, passed, fell_back, refused) and the reason one was not served.",
+	}, []string{"outcome", "reason"})
+	if reg == nil {
+		return cv
+	}
+	if err := reg.Register(cv); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+				return existing
+			}
+		}
+	}
+	return cv
+}
+
+// wrapTransport is WrapConfig's RoundTripper.
+type wrapTransport struct {
+	c        *Client
+	next     http.RoundTripper // cfg's own transport, with its credentials
+	o        WrapOptions
+	requests *prometheus.CounterVec
+	disc     *wrapDiscovery
+	// seen is the newest resourceVersion served per scope, so that no
+	// later answer for the scope is older (safe for concurrent use).
+	seen *lru.Cache[scope, uint64]
+}
+
+// scope is what one request reads.
+type scope struct {
+	gvr                          schema.GroupVersionResource
+	namespace                    string
+	labelSelector, fieldSelector string
+}
+
+// RoundTrip serves req from the daemon, or passes it through.
+func (t *wrapTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	r, reason := parseRead(req)
+	if r == nil {
+		return t.pass(req, reason, nil)
+	}
+	if req.Body != nil && req.Body != http.NoBody { // a GET's, if any: RoundTrip closes it, and what is passed through reads nothing
+		_ = req.Body.Close()
+		req = req.Clone(req.Context())
+		req.Body = http.NoBody
+	}
+	ctx := req.Context()
+	if !t.ready(ctx) {
+		return t.daemonError(req, r, status.Error(codes.Unavailable, "informerd is unreachable"))
+	}
+	res, err := t.disc.lookup(ctx, r.gvr)
+	if err != nil {
+		return t.daemonError(req, r, err)
+	}
+	verb := "list"
+	if r.watch {
+		verb = "watch"
+	}
+	switch {
+	case res == nil || (r.namespace != "" && !res.GetNamespaced()):
+		return t.pass(req, reasonNotServed, notFound())
+	case !slices.Contains(res.GetVerbs(), verb):
+		return t.pass(req, reasonNotServed, &apierrors.NewMethodNotSupported(r.gvr.GroupResource(), verb).ErrStatus)
+	}
+	gvk := r.gvr.GroupVersion().WithKind(res.GetKind())
+	k := kindInfo{gvk: gvk, builtin: scheme.Scheme.Recognizes(gvk)}
+	if r.format.protobuf && !r.format.metadata && !(k.builtin && protobufLayout(gvk)) {
+		if !r.format.jsonFallback {
+			return t.pass(req, reasonFormat, nil) // the API server's 406
+		}
+		r.format.protobuf = false // as the API server answers for a custom resource
+	}
+	if r.watch {
+		return t.serveWatch(req, r, k)
+	}
+	return t.serveList(req, r, k)
+}
+
+// ready reports whether the connection to the daemon is up, waiting up to
+// DialTimeout for it unless it is failing.
+func (t *wrapTransport) ready(ctx context.Context) bool {
+	conn := t.c.conn
+	state := conn.GetState()
+	if state == connectivity.Ready {
+		return true
+	}
+	if state == connectivity.TransientFailure || state == connectivity.Shutdown {
+		return false
+	}
+	conn.Connect()
+	ctx, cancel := context.WithTimeout(ctx, t.o.DialTimeout)
+	defer cancel()
+	for {
+		if state = conn.GetState(); state == connectivity.Ready {
+			return true
+		}
+		if state == connectivity.TransientFailure || state == connectivity.Shutdown || !conn.WaitForStateChange(ctx, state) {
+			return false
+		}
+	}
+}
+
+// options returns the daemon's request for r, never older than what was
+// served for its scope.
+func (t *wrapTransport) options(r *readRequest, k kindInfo) (WatchOptions, scope) {
+	sc := scope{gvr: r.gvr, namespace: r.namespace, labelSelector: r.labelSelector, fieldSelector: r.fieldSelector}
+	opts := WatchOptions{
+		Resource: r.gvr, Namespace: r.namespace, LabelSelector: r.labelSelector, FieldSelector: r.fieldSelector,
+		MetadataOnly: r.format.metadata, Protobuf: r.format.protobuf && !r.format.metadata && k.builtin,
+		ClientName: t.o.ClientName,
+	}
+	min, _ := t.seen.Get(sc) // for a resumed watch too: the resume point is at least as new
+	if n, err := strconv.ParseUint(r.resourceVersion, 10, 64); err == nil && (!r.watch || r.notOlderThan) {
+		min = max(min, n) // a list's, or a WatchList's, resourceVersion is its minimum
+	}
+	if min > 0 {
+		opts.NotOlderThan = strconv.FormatUint(min, 10)
+	}
+	return opts, sc
+}
+
+// saw notes that rv was served for sc.
+func (t *wrapTransport) saw(sc scope, rv string) {
+	n, err := strconv.ParseUint(rv, 10, 64)
+	if err != nil {
+		return
+	}
+	if old, ok := t.seen.Get(sc); !ok || n > old {
+		t.seen.Add(sc, n)
+	}
+}
+
+// serveList answers a list with the daemon's snapshot.
+func (t *wrapTransport) serveList(req *http.Request, r *readRequest, k kindInfo) (*http.Response, error) {
+	ctx := req.Context()
+	if r.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.timeout)
+		defer cancel()
+	}
+	opts, sc := t.options(r, k)
+	s, err := t.c.Stream(ctx, opts, "")
+	if err != nil {
+		return t.daemonError(req, r, err)
+	}
+	defer s.Close()
+	var objs [][]byte
+	for {
+		evs, err := s.Recv()
+		if err != nil {
+			return t.daemonError(req, r, err)
+		}
+		for _, ev := range evs {
+			switch ev.GetType() {
+			case informerdv1.EventType_EVENT_TYPE_ADDED:
+				objs = append(objs, ev.GetObject())
+			case informerdv1.EventType_EVENT_TYPE_RESET:
+				objs = objs[:0]
+			case informerdv1.EventType_EVENT_TYPE_SYNCED:
+				body, err := encodeList(r.format, k, objs, ev.GetResourceVersion())
+				if err != nil {
+					return t.pass(req, reasonEncoding, nil)
+				}
+				t.saw(sc, ev.GetResourceVersion())
+				t.count(outcomeServed, "")
+				return response(req, http.StatusOK, r.format.contentType(false), io.NopCloser(bytes.NewReader(body)), int64(len(body))), nil
+			}
+		}
+	}
+}
+
+func response(req *http.Request, code int, contentType string, body io.ReadCloser, length int64) *http.Response {
+	return &http.Response{
+		Status: fmt.Sprintf("%d %s", code, http.StatusText(code)), StatusCode: code,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:        http.Header{"Content-Type": []string{contentType}},
+		Body:          body,
+		ContentLength: length,
+		Request:       req,
+	}
+}
+
+// serveWatch answers a watch with a daemon stream, once the daemon has
+// accepted it; the response's body owns the stream.
+func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo) (*http.Response, error) {
+	ctx, cancel := context.WithCancel(req.Context())
+	if r.timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, r.timeout) // cancels the parent too
+	}
+	opts, sc := t.options(r, k)
+	w := &wrapWatch{t: t, sc: sc, enc: watchEncoder{f: r.format, k: k}, bookmarks: r.allowBookmarks, resume: r.resourceVersion}
+	resume := ""
+	switch {
+	case r.sendInitialEvents != nil && *r.sendInitialEvents:
+		w.watchList, w.initial = true, true
+	case r.resourceVersion == "" || r.resourceVersion == "0":
+		w.initial = true
+		w.skipInitial = r.sendInitialEvents != nil // sendInitialEvents=false: from now, without them
+	default:
+		resume = r.resourceVersion
+	}
+	s, err := t.c.Stream(ctx, opts, resume)
+	if err != nil {
+		cancel()
+		return t.daemonError(req, r, err)
+	}
+	if md, err := s.s.Header(); err != nil || md.Get(informerdv1.HeaderAccepted) == nil {
+		_, err := s.Recv() // the status of a stream that ended before it was accepted
+		cancel()
+		if err == nil || errors.Is(err, io.EOF) {
+			err = status.Error(codes.Unavailable, "informerd ended the stream before accepting it")
+		}
+		return t.daemonError(req, r, err)
+	}
+	pr, pw := io.Pipe()
+	w.s, w.out = s, pw
+	go w.run(cancel) // ends when the stream does, or the body is closed
+	t.count(outcomeServed, "")
+	return response(req, http.StatusOK, r.format.contentType(true), &watchBody{PipeReader: pr, cancel: cancel}, -1), nil
+}
+
+// watchBody is a watch response's body: closing it ends the stream.
+type watchBody struct {
+	*io.PipeReader
+	cancel context.CancelFunc
+}
+
+func (b *watchBody) Close() error {
+	b.cancel()
+	return b.PipeReader.Close()
+}
+
+// wrapWatch translates one daemon stream into a watch response.
+type wrapWatch struct {
+	t   *wrapTransport
+	sc  scope
+	enc watchEncoder
+	s   *Stream
+	out *io.PipeWriter
+
+	resume      string // the request's resourceVersion
+	bookmarks   bool   // allowWatchBookmarks
+	watchList   bool   // sendInitialEvents=true: end the initial events with the initial-events-end bookmark
+	initial     bool   // the stream starts with a snapshot, until SYNCED
+	skipInitial bool   // sendInitialEvents=false: do not send the snapshot
+}
+
+// run writes the stream's events to the body until the stream ends, which
+// ends the body as the API server ends a watch: cleanly, after an ERROR
+// event for a resume point the daemon no longer has (410 Expired). The
+// caller's reflector then watches again from where it was.
+func (w *wrapWatch) run(cancel context.CancelFunc) {
+	defer cancel()
+	defer w.out.Close()
+	for {
+		evs, err := w.s.Recv()
+		if err != nil {
+			return // the daemon ended the stream, or went away: as a watch that ends
+		}
+		for _, ev := range evs {
+			b, end, err := w.translate(ev)
+			if err == nil && b != nil {
+				_, err = w.out.Write(b)
+			}
+			if err != nil || end {
+				return
+			}
+		}
+	}
+}
+
+// translate returns the frame for one event (nil for none), and whether
+// the watch ends after it.
+func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
+	rv := ev.GetResourceVersion()
+	var t string
+	switch ev.GetType() {
+	case informerdv1.EventType_EVENT_TYPE_ADDED:
+		t = "ADDED"
+	case informerdv1.EventType_EVENT_TYPE_MODIFIED:
+		t = "MODIFIED"
+	case informerdv1.EventType_EVENT_TYPE_DELETED:
+		t = "DELETED"
+	case informerdv1.EventType_EVENT_TYPE_SYNCED:
+		initial := w.initial
+		w.initial = false
+		w.t.saw(w.sc, rv)
+		if !initial || !w.watchList {
+			return nil, false, nil
+		}
+		b, err := w.enc.bookmark(rv, true)
+		return b, false, err
+	case informerdv1.EventType_EVENT_TYPE_BOOKMARK:
+		if rv == "" || w.initial {
+			return nil, false, nil
+		}
+		w.t.saw(w.sc, rv)
+		if !w.bookmarks {
+			return nil, false, nil
+		}
+		b, err := w.enc.bookmark(rv, false)
+		return b, false, err
+	case informerdv1.EventType_EVENT_TYPE_RESET:
+		if w.initial {
+			return nil, false, nil // a snapshot follows, which is what was asked for
+		}
+		st := apierrors.NewResourceExpired("too old resource version: " + w.resume).ErrStatus
+		b, err := w.enc.errorEvent(&st)
+		return b, true, err
+	default:
+		return nil, false, nil
+	}
+	if w.initial && w.skipInitial {
+		return nil, false, nil
+	}
+	b, err := w.enc.event(t, ev.GetObject())
+	if err != nil {
+		st := apierrors.NewInternalError(fmt.Errorf("informerd: %w", err)).ErrStatus
+		b, err = w.enc.errorEvent(&st)
+		return b, true, err
+	}
+	if !w.initial {
+		w.t.saw(w.sc, rv)
+	}
+	return b, false, nil
+}
+
+// daemonError answers a request that the daemon refused or could not
+// answer with err: passed through (by default) or, with Strict, the
+// Status the API server would send.
+func (t *wrapTransport) daemonError(req *http.Request, r *readRequest, err error) (*http.Response, error) {
+	if ctxErr := req.Context().Err(); ctxErr != nil {
+		return nil, ctxErr
+	}
+	st := status.Convert(err)
+	reason, user := "", ""
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == informerdv1.ErrorDomain {
+			reason, user = info.GetReason(), info.GetMetadata()[informerdv1.MetadataUser]
+		}
+	}
+	msg := "informerd: " + st.Message()
+	switch st.Code() {
+	case codes.NotFound:
+		return t.pass(req, reasonNotServed, notFound())
+	case codes.PermissionDenied:
+		if reason == informerdv1.ReasonSensitive {
+			return t.pass(req, reasonSensitive, forbidden(r, user, msg))
+		}
+		return t.pass(req, reasonDenied, forbidden(r, user, ""))
+	case codes.InvalidArgument:
+		return t.pass(req, reasonRejected, &apierrors.NewBadRequest(msg).ErrStatus)
+	case codes.ResourceExhausted:
+		return t.pass(req, reasonExhausted, &apierrors.NewTooManyRequests(msg, 1).ErrStatus)
+	case codes.Unauthenticated:
+		return t.pass(req, reasonAuth, &apierrors.NewUnauthorized(msg).ErrStatus)
+	}
+	if t.o.Strict {
+		return t.refuse(req, reasonUnavailable, &apierrors.NewServiceUnavailable(msg).ErrStatus)
+	}
+	t.count(outcomeFellBack, reasonUnavailable)
+	return t.next.RoundTrip(req)
+}
+
+// notFound is the API server's answer for a resource it does not serve.
+func notFound() *metav1.Status {
+	return &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Reason: metav1.StatusReasonNotFound,
+		Message: "the server could not find the requested resource", Details: &metav1.StatusDetails{}}
+}
+
+// forbidden is the API server's answer for a request its authorizer
+// denies (k8s.io/apiserver's responsewriters.ForbiddenStatusError), for
+// user, or with msg when the daemon refused the resource itself.
+func forbidden(r *readRequest, user, msg string) *metav1.Status {
+	verb := "list"
+	if r.watch {
+		verb = "watch"
+	}
+	if msg == "" {
+		msg = fmt.Sprintf("User %q cannot %s resource %q in API group %q at the cluster scope", user, verb, r.gvr.Resource, r.gvr.Group)
+		if r.namespace != "" {
+			msg = fmt.Sprintf("User %q cannot %s resource %q in API group %q in the namespace %q", user, verb, r.gvr.Resource, r.gvr.Group, r.namespace)
+		}
+	}
+	return &apierrors.NewForbidden(r.gvr.GroupResource(), "", errors.New(msg)).ErrStatus
+}
+
+// pass passes req through to the API server, or with Strict refuses it:
+// with strict, the Status the API server would send, or (nil) an error.
+func (t *wrapTransport) pass(req *http.Request, reason string, strict *metav1.Status) (*http.Response, error) {
+	if t.o.Strict {
+		return t.refuse(req, reason, strict)
+	}
+	t.count(outcomePassed, reason)
+	return t.next.RoundTrip(req)
+}
+
+// ErrNotServed is the error of a request that a Strict WrapConfig does
+// not pass through.
+var ErrNotServed = errors.New("informerd WrapConfig (strict): the daemon does not serve this request")
+
+func (t *wrapTransport) refuse(req *http.Request, reason string, st *metav1.Status) (*http.Response, error) {
+	t.count(outcomeRefused, reason)
+	if req.Body != nil {
+		_ = req.Body.Close() // RoundTrip closes the body, even on errors
+	}
+	if st == nil {
+		return nil, fmt.Errorf("%w: %s %s (%s)", ErrNotServed, req.Method, req.URL.Path, reason)
+	}
+	f, _ := negotiate(req.Header.Values("Accept"), false)
+	f.metadata = false
+	body, err := encodeStatus(f, st)
+	if err != nil {
+		return nil, err
+	}
+	resp := response(req, int(st.Code), f.contentType(false), io.NopCloser(bytes.NewReader(body)), int64(len(body)))
+	if st.Code == http.StatusTooManyRequests {
+		resp.Header.Set("Retry-After", "1")
+	}
+	return resp, nil
+}
+
+func (t *wrapTransport) count(outcome, reason string) {
+	t.requests.WithLabelValues(outcome, reason).Inc()
+}
+
+// wrapDiscovery knows the resources the API server serves, from the
+// daemon's discovery, refreshed for a resource it does not know.
+type wrapDiscovery struct {
+	c *Client
+
+	mu        sync.Mutex // guards resources
+	resources map[schema.GroupVersionResource]*informerdv1.APIResource
+}
+
+// lookup returns gvr's discovery, or nil if the API server does not serve
+// it (under that exact name: the daemon's resolution of singular and short
+// names is not the API server's).
+func (d *wrapDiscovery) lookup(ctx context.Context, gvr schema.GroupVersionResource) (*informerdv1.APIResource, error) {
+	d.mu.Lock()
+	res, ok := d.resources[gvr]
+	d.mu.Unlock()
+	if ok {
+		return res, nil
+	}
+	resp, err := d.c.api.GetDiscovery(ctx, &informerdv1.GetDiscoveryRequest{Resource: &informerdv1.GroupVersionResource{
+		Group: gvr.Group, Version: gvr.Version, Resource: gvr.Resource}})
+	if status.Code(err) == codes.NotFound {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	m := map[schema.GroupVersionResource]*informerdv1.APIResource{}
+	for _, g := range resp.GetGroups() {
+		for _, v := range g.GetVersions() {
+			for _, r := range v.GetResources() {
+				m[schema.GroupVersionResource{Group: g.GetName(), Version: v.GetVersion(), Resource: r.GetName()}] = r
+			}
+		}
+	}
+	d.mu.Lock()
+	d.resources = m
+	d.mu.Unlock()
+	return m[gvr], nil
+}
