@@ -61,7 +61,11 @@ func documentedAlerts(t *testing.T) map[string]string {
 		case strings.HasPrefix(line, "Alert"):
 			inAlert = true
 		case strings.HasPrefix(line, "#"):
-			inAlert = false
+			inAlert, last = false, ""
+		case inAlert && last != "" && strings.HasPrefix(line, "      "): // an expression goes on
+			delete(out, last)
+			last += " " + strings.Join(strings.Fields(line), " ")
+			out[last] = ""
 		case inAlert && strings.HasPrefix(line, "    "):
 			expr, comment, _ := strings.Cut(strings.TrimSpace(line), "#")
 			last = strings.Join(strings.Fields(expr), " ")
