@@ -24,21 +24,22 @@ type watchLog struct {
 }
 
 type openWatch struct {
-	gr   schema.GroupResource
-	user string
+	gr        schema.GroupResource
+	userAgent string
 }
 
 var watches = &watchLog{open: map[string]openWatch{}}
 
-// controllerUsers are kube-controller-manager's controllers, each with
-// its own ServiceAccount (--use-service-account-credentials). Its garbage
-// collector watches every resource, CRs included, from up to 30 s after
-// its CRD appears: counting it would make every count of a new resource
-// move under a test.
-const controllerUsers = "system:serviceaccount:kube-system:"
+// controllerManager is the user agent of every kube-controller-manager
+// client: its controllers (as their ServiceAccounts) and its shared and
+// metadata informers (as its own kubeconfig's user, which here is the
+// tests' admin). Its garbage collector watches every resource, CRs
+// included, from up to 30 s after their CRD appears: counting it would
+// make every count of a new resource move under a test.
+const controllerManager = "kube-controller-manager/"
 
 // upstreamWatches is how many watches of gvr (any version) the API server
-// holds now, except kube-controller-manager's.
+// holds now, except kube-controller-manager's (by its user agent).
 func upstreamWatches(t *testing.T, gvr schema.GroupVersionResource) int {
 	t.Helper()
 	watches.mu.Lock()
@@ -46,7 +47,7 @@ func upstreamWatches(t *testing.T, gvr schema.GroupVersionResource) int {
 	watches.read(t)
 	n := 0
 	for _, w := range watches.open {
-		if w.gr == gvr.GroupResource() && !strings.HasPrefix(w.user, controllerUsers) {
+		if w.gr == gvr.GroupResource() && !strings.HasPrefix(w.userAgent, controllerManager) {
 			n++
 		}
 	}
@@ -72,12 +73,10 @@ func (l *watchLog) read(t *testing.T) {
 		}
 		l.offset += int64(len(line))
 		var ev struct {
-			AuditID string `json:"auditID"`
-			Stage   string `json:"stage"`
-			Verb    string `json:"verb"`
-			User    struct {
-				Username string `json:"username"`
-			} `json:"user"`
+			AuditID   string `json:"auditID"`
+			Stage     string `json:"stage"`
+			Verb      string `json:"verb"`
+			UserAgent string `json:"userAgent"`
 			ObjectRef *struct {
 				APIGroup string `json:"apiGroup"`
 				Resource string `json:"resource"`
@@ -91,7 +90,7 @@ func (l *watchLog) read(t *testing.T) {
 		}
 		switch ev.Stage {
 		case "ResponseStarted":
-			l.open[ev.AuditID] = openWatch{gr: schema.GroupResource{Group: ev.ObjectRef.APIGroup, Resource: ev.ObjectRef.Resource}, user: ev.User.Username}
+			l.open[ev.AuditID] = openWatch{gr: schema.GroupResource{Group: ev.ObjectRef.APIGroup, Resource: ev.ObjectRef.Resource}, userAgent: ev.UserAgent}
 		case "ResponseComplete", "Panic":
 			delete(l.open, ev.AuditID)
 		}
