@@ -39,6 +39,9 @@ type Client struct {
 	// accepts reports whether the daemon accepts connections, for a local
 	// daemon; nil: not known.
 	accepts func() bool
+	// resumes keeps what the client-go adapters' Lists and watches
+	// delivered, for the watches resuming from them.
+	resumes resumes
 }
 
 // reconnect is how gRPC re-makes the connection after the daemon went

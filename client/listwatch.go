@@ -38,9 +38,12 @@ import (
 // SendInitialEvents streams the daemon's snapshot as ADDED events and ends
 // it with the initial-events-end bookmark, not older than the requested
 // resourceVersion (resourceVersionMatch NotOlderThan). A RESET (the resume
-// point left the daemon's log) surfaces as 410 Expired, on which the
-// reflector relists. No List or Watch ever starts from a state older than
-// one this ListerWatcher has delivered. While the daemon is unreachable,
+// point left the daemon's log, as after a daemon restart) becomes the
+// DELETED, ADDED and MODIFIED events from what the reflector holds to the
+// daemon's new snapshot, and a bookmark, when the watch resumes from a List
+// or watch of this Client (see resumes); otherwise it surfaces as 410
+// Expired, on which the reflector relists. No List or Watch ever starts
+// from a state older than one this ListerWatcher has delivered. While the daemon is unreachable,
 // ListWithContext and WatchWithContext wait for it until their context
 // ends.
 func NewListerWatcher(c *Client, opts WatchOptions) ListerWatcher { return newListWatch(c, opts) }
@@ -185,8 +188,16 @@ func (lw *listWatch) listing(ctx context.Context, o metav1.ListOptions, await bo
 				}
 				objs = append(objs, obj)
 			case informerdv1.EventType_EVENT_TYPE_SYNCED:
-				lw.see(ev.GetResourceVersion())
-				return lw.list(objs, ev.GetResourceVersion()), nil
+				rv := ev.GetResourceVersion()
+				lw.see(rv)
+				d := &delivered{rv: rv, objs: make(map[objectKey]runtime.Object, len(objs))}
+				for _, obj := range objs {
+					if k, _, ok := keyOf(obj); ok {
+						d.objs[k] = obj
+					}
+				}
+				lw.c.resumes.leave(opts, d)
+				return lw.list(objs, rv), nil
 			}
 		}
 	}
@@ -231,12 +242,20 @@ func (lw *listWatch) watching(ctx context.Context, o metav1.ListOptions, await b
 	if watchList || resume == "0" {
 		resume = ""
 	}
+	w := &streamWatch{lw: lw, opts: opts, out: make(chan watch.Event), done: make(chan struct{}),
+		bookmarks: o.AllowWatchBookmarks, watchList: watchList}
+	switch {
+	case watchList:
+		w.held, w.initial = &delivered{objs: map[objectKey]runtime.Object{}}, true
+	case resume != "":
+		w.held = lw.c.resumes.take(opts, resume)
+	}
 	s, err := lw.c.openStream(ctx, opts, resume, await)
 	if err != nil {
+		lw.c.resumes.leave(opts, w.held)
 		return nil, toAPIError(err)
 	}
-	w := &streamWatch{lw: lw, s: s, out: make(chan watch.Event), done: make(chan struct{}),
-		bookmarks: o.AllowWatchBookmarks, watchList: watchList}
+	w.s = s
 	go w.run() // ends when the stream ends or Stop cancels it
 	return w, nil
 }
@@ -244,12 +263,27 @@ func (lw *listWatch) watching(ctx context.Context, o metav1.ListOptions, await b
 // streamWatch adapts a Stream to watch.Interface.
 type streamWatch struct {
 	lw        *listWatch
+	opts      WatchOptions
 	s         *Stream
 	out       chan watch.Event
 	done      chan struct{}
 	stopOnce  sync.Once
 	bookmarks bool
 	watchList bool
+
+	// Owned by run.
+	// held is what the receiver holds: what the List or watch this one
+	// resumes from delivered, and what this one delivered since; nil when
+	// not known (a plain watch from "" or "0", or a resume point left by
+	// no one).
+	held *delivered
+	// initial: the initial events of a WatchList are being sent; held is
+	// the receiver's once they end.
+	initial bool
+	// fresh and order collect the snapshot after a RESET (fresh is nil
+	// when there is none).
+	fresh map[objectKey]runtime.Object
+	order []objectKey
 }
 
 func (w *streamWatch) Stop() {
@@ -279,6 +313,14 @@ func (w *streamWatch) run() {
 			if err = w.lw.c.explain(err); !errors.Is(err, io.EOF) && terminal(err) && errors.As(toAPIError(err), &st) {
 				s := st.Status()
 				w.send(watch.Event{Type: watch.Error, Object: &s})
+				return // the reflector relists
+			}
+			select {
+			case <-w.done: // the receiver stopped the watch
+			default:
+				if !w.initial {
+					w.lw.c.resumes.leave(w.opts, w.held)
+				}
 			}
 			return // the reflector re-watches from its last resourceVersion
 		}
@@ -292,6 +334,7 @@ func (w *streamWatch) run() {
 
 // deliver translates one event; it returns false when the watch must end.
 func (w *streamWatch) deliver(ev *informerdv1.Event) bool {
+	rv := ev.GetResourceVersion()
 	var t watch.EventType
 	switch ev.GetType() {
 	case informerdv1.EventType_EVENT_TYPE_ADDED:
@@ -301,32 +344,90 @@ func (w *streamWatch) deliver(ev *informerdv1.Event) bool {
 	case informerdv1.EventType_EVENT_TYPE_DELETED:
 		t = watch.Deleted
 	case informerdv1.EventType_EVENT_TYPE_BOOKMARK:
-		if !w.bookmarks || ev.GetResourceVersion() == "" {
+		if !w.bookmarks || rv == "" || w.fresh != nil {
 			return true
 		}
-		w.lw.see(ev.GetResourceVersion())
-		return w.send(watch.Event{Type: watch.Bookmark, Object: w.bookmark(ev, false)})
+		return w.sendBookmark(ev, false)
 	case informerdv1.EventType_EVENT_TYPE_SYNCED:
-		if !w.watchList {
-			return true // a plain watch from "" sends the initial state as ADDED only
+		switch {
+		case w.fresh != nil:
+			return w.catchUp(ev)
+		case w.watchList && w.initial:
+			w.initial = false
+			return w.sendBookmark(ev, true)
 		}
-		w.lw.see(ev.GetResourceVersion())
-		return w.send(watch.Event{Type: watch.Bookmark, Object: w.bookmark(ev, true)})
+		return true // a plain watch from "" sends the initial state as ADDED only
 	case informerdv1.EventType_EVENT_TYPE_RESET:
-		st := apierrors.NewResourceExpired("informerd: the resume point left the daemon's event log; relist").ErrStatus
-		w.send(watch.Event{Type: watch.Error, Object: &st})
-		return false
+		if w.held == nil || w.initial {
+			st := apierrors.NewResourceExpired("informerd: the resume point left the daemon's event log; relist").ErrStatus
+			w.send(watch.Event{Type: watch.Error, Object: &st})
+			return false
+		}
+		w.fresh, w.order = map[objectKey]runtime.Object{}, nil
+		return true
 	default:
 		return true
 	}
-	obj, err := w.lw.decode(ev.GetObject(), ev.GetResourceVersion())
+	obj, err := w.lw.decode(ev.GetObject(), rv)
 	if err != nil {
 		st := apierrors.NewInternalError(err).ErrStatus
 		w.send(watch.Event{Type: watch.Error, Object: &st})
 		return false
 	}
-	w.lw.see(ev.GetResourceVersion()) // before the receiver can act on it
-	return w.send(watch.Event{Type: t, Object: obj})
+	if w.fresh != nil { // a snapshot after a RESET: ADDED only
+		if k, _, ok := keyOf(obj); ok {
+			if _, dup := w.fresh[k]; !dup {
+				w.order = append(w.order, k)
+			}
+			w.fresh[k] = obj
+		}
+		return true
+	}
+	w.lw.see(rv) // before the receiver can act on it
+	return w.sendObject(watch.Event{Type: t, Object: obj})
+}
+
+// sendObject sends an object's event and notes that the receiver holds it.
+func (w *streamWatch) sendObject(e watch.Event) bool {
+	if !w.send(e) {
+		return false
+	}
+	if w.held != nil {
+		w.held.apply(e.Type, e.Object)
+	}
+	return true
+}
+
+// sendBookmark sends the bookmark of a BOOKMARK or SYNCED event.
+func (w *streamWatch) sendBookmark(ev *informerdv1.Event, initialEventsEnd bool) bool {
+	rv := ev.GetResourceVersion()
+	w.lw.see(rv)
+	if !w.send(watch.Event{Type: watch.Bookmark, Object: w.bookmark(ev, initialEventsEnd)}) {
+		return false
+	}
+	if w.held != nil {
+		w.held.rv = rv
+	}
+	return true
+}
+
+// catchUp ends the snapshot after a RESET (ev is its SYNCED): it sends the
+// changes from what the receiver holds to the snapshot, then a bookmark at
+// the snapshot's resourceVersion if the receiver takes bookmarks.
+func (w *streamWatch) catchUp(ev *informerdv1.Event) bool {
+	rv := ev.GetResourceVersion()
+	changes := w.held.changesTo(w.fresh, w.order, rv)
+	w.fresh, w.order = nil, nil
+	w.lw.see(rv)
+	for _, e := range changes {
+		if !w.sendObject(e) {
+			return false
+		}
+	}
+	if !w.bookmarks || rv == "" {
+		return true
+	}
+	return w.sendBookmark(ev, false)
 }
 
 // bookmark returns the object of a BOOKMARK or SYNCED event: the daemon

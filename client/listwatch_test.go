@@ -294,3 +294,130 @@ func TestMissingSocketIsNamed(t *testing.T) {
 		t.Fatalf("OnError got %v, want it to name the missing socket", err)
 	}
 }
+
+// events reads n events of w, as "TYPE name@rv".
+func events(t *testing.T, w watch.Interface, n int) []string {
+	t.Helper()
+	var got []string
+	for e := range w.ResultChan() {
+		switch obj := e.Object.(type) {
+		case *metav1.Status:
+			got = append(got, fmt.Sprintf("%s %d", e.Type, obj.Code))
+		default:
+			m := obj.(*unstructured.Unstructured)
+			got = append(got, fmt.Sprintf("%s %s@%s", e.Type, m.GetName(), m.GetResourceVersion()))
+		}
+		if len(got) == n {
+			break
+		}
+	}
+	return got
+}
+
+// TestListerWatcherAnswersResetWithChanges (issue 21, defect 6): a watch
+// resuming where the List and the watch before it ended answers the new
+// daemon's RESET with the changes to its snapshot, and a bookmark, not
+// with 410 (on which the reflector would relist after its backoff).
+func TestListerWatcherAnswersResetWithChanges(t *testing.T) {
+	withUID := func(e *informerdv1.Event, uid string) *informerdv1.Event {
+		e.Object = []byte(strings.Replace(string(e.Object), `"namespace"`, `"uid":"`+uid+`","namespace"`, 1))
+		return e
+	}
+	d := (&scriptedDaemon{}).
+		then(nil, cm("a", "3"), cm("b", "4"), withUID(cm("c", "4"), "old"), cm("d", "4"), ev(synced, "", "5")).
+		then(status.Error(codes.Unavailable, "daemon gone"), ev(modified, "a", "6"), ev(deleted, "d", "7")).
+		then(nil, ev(reset, "", ""), cm("a", "6"), withUID(cm("c", "9"), "new"), cm("e", "10"), ev(synced, "", "11"))
+	lw := NewListerWatcher(serveScripted(t, d), WatchOptions{Resource: configMaps})
+	if _, err := lw.ListWithContext(t.Context(), metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := lw.WatchWithContext(t.Context(), metav1.ListOptions{ResourceVersion: "5", AllowWatchBookmarks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := events(t, w, 3), []string{"MODIFIED a@6", "DELETED d@7"}; !slices.Equal(got, want) {
+		t.Fatalf("first watch = %v, want %v and the end of the watch", got, want)
+	}
+	w.Stop()
+	w, err = lw.WatchWithContext(t.Context(), metav1.ListOptions{ResourceVersion: "7", AllowWatchBookmarks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	// Deletions first, then the snapshot's order; c was re-created.
+	if got, want := events(t, w, 5), []string{"DELETED b@11", "DELETED c@11", "ADDED c@9", "ADDED e@10", "BOOKMARK @11"}; !slices.Equal(got, want) {
+		t.Errorf("watch answering a RESET = %v, want %v", got, want)
+	}
+}
+
+// TestResetWithoutADeliveredStateIsExpired: a watch resuming from a point
+// this Client did not deliver (or one a watch stopped by its receiver
+// ended at) still answers a RESET with 410, for the reflector to relist.
+func TestResetWithoutADeliveredStateIsExpired(t *testing.T) {
+	d := (&scriptedDaemon{}).
+		then(nil, ev(modified, "a", "6")).
+		then(nil, ev(reset, "", ""), cm("a", "6"), ev(synced, "", "7"))
+	lw := NewListerWatcher(serveScripted(t, d), WatchOptions{Resource: configMaps})
+	w, err := lw.WatchWithContext(t.Context(), metav1.ListOptions{ResourceVersion: "5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events(t, w, 1)
+	w.Stop() // by the receiver: nothing is left for a resume from 6
+	w, err = lw.WatchWithContext(t.Context(), metav1.ListOptions{ResourceVersion: "6"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if got, want := events(t, w, 1), []string{"ERROR 410"}; !slices.Equal(got, want) {
+		t.Errorf("watch = %v, want %v", got, want)
+	}
+}
+
+// TestInformerCatchesUpAfterAResetWithoutRelisting: a client-go informer
+// over the adapter whose stream ends and is resumed by a daemon that
+// RESETs (a restarted daemon) holds the new snapshot without relisting:
+// the daemon sees two requests, and the handler the deletion.
+func TestInformerCatchesUpAfterAResetWithoutRelisting(t *testing.T) {
+	d := (&scriptedDaemon{}).
+		then(status.Error(codes.Unavailable, "daemon gone"), cm("a", "3"), cm("b", "4"), ev(synced, "", "5"), ev(modified, "a", "6")).
+		then(nil, ev(reset, "", ""), cm("a", "6"), cm("c", "9"), ev(synced, "", "10"))
+	lw := NewListerWatcher(serveScripted(t, d), WatchOptions{Resource: configMaps})
+	inf := toolscache.NewSharedIndexInformer(lw, &unstructured.Unstructured{}, 0, toolscache.Indexers{})
+	// The handler is called after the store has the change.
+	calls := make(chan string, 10)
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { calls <- "ADD " + obj.(*unstructured.Unstructured).GetName() },
+		DeleteFunc: func(obj any) { calls <- "DELETE " + obj.(*unstructured.Unstructured).GetName() },
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { defer close(done); inf.RunWithContext(ctx) }()
+	defer func() { cancel(); <-done }()
+	var got []string
+	for !slices.Contains(got, "ADD c") {
+		select {
+		case c := <-calls:
+			got = append(got, c)
+		case <-ctx.Done():
+			t.Fatalf("the informer's handler saw %v, never c's ADD", got)
+		}
+	}
+	if want := []string{"ADD a", "ADD b", "DELETE b", "ADD c"}; !slices.Equal(got, want) {
+		t.Errorf("handler calls = %v, want %v", got, want)
+	}
+	keys := inf.GetStore().ListKeys()
+	slices.Sort(keys)
+	if !slices.Equal(keys, []string{"ns/a", "ns/c"}) {
+		t.Errorf("store = %v, want ns/a and ns/c", keys)
+	}
+	d.mu.Lock()
+	n := len(d.requests)
+	d.mu.Unlock()
+	if n != 2 {
+		t.Errorf("the daemon saw %d requests, want 2 (a list and a resumed watch, no relist)", n)
+	}
+}

@@ -1,0 +1,159 @@
+package client
+
+import (
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// The client-go adapters (NewListerWatcher, the factory, the dynamic
+// client) answer a RESET with the changes it stands for, as a resumed watch
+// of the API server would, rather than with 410 Expired: on 410 client-go's
+// reflector relists only after its backoff (0.8 s or more, doubling within
+// two minutes), and a new daemon, which cannot know a restarted client's
+// resume point, RESETs every stream it is asked to resume.
+//
+// To do that a watch needs what its reflector holds: every watch keeps the
+// objects it and the List or watch before it delivered (the reflector's
+// store: the same objects, shared), and when it ends on the daemon's side,
+// leaves them for the watch that resumes from its last resourceVersion. A
+// RESET's fresh snapshot is then compared with them: the watch sends
+// DELETED for the objects gone, ADDED and MODIFIED for the new and changed
+// ones, and a bookmark at the snapshot. A watch with nothing to compare
+// with (a resume point this Client did not deliver, or one left more than
+// resumeTTL ago) still ends with 410.
+
+// resumeTTL is how long a List's result or an ended watch's objects wait
+// for the watch resuming from them. client-go's reflector watches at once
+// after a List and after a watch that ended, so they are taken within
+// milliseconds; the TTL frees those of a List no watch follows.
+const resumeTTL = 10 * time.Second
+
+// objectKey names an object in a resource.
+type objectKey struct{ namespace, name string }
+
+// delivered is what a reflector holds after a List or watch: its objects
+// by key, at the resourceVersion it will resume from.
+type delivered struct {
+	rv   string
+	objs map[objectKey]runtime.Object
+}
+
+// resumeKey is a request, without what does not change its objects, and
+// a resourceVersion.
+type resumeKey struct {
+	opts WatchOptions
+	rv   string
+}
+
+func newResumeKey(opts WatchOptions, rv string) resumeKey {
+	opts.ClientName, opts.NotOlderThan, opts.WaitForResource = "", "", false
+	return resumeKey{opts, rv}
+}
+
+// resumes holds what ended Lists and watches delivered, for resumeTTL or
+// until taken.
+type resumes struct {
+	mu sync.Mutex // guards m
+	m  map[resumeKey]*delivered
+}
+
+// leave keeps d for the watch of opts that resumes from d.rv.
+func (r *resumes) leave(opts WatchOptions, d *delivered) {
+	if d == nil || d.rv == "" {
+		return
+	}
+	k := newResumeKey(opts, d.rv)
+	r.mu.Lock()
+	if r.m == nil {
+		r.m = map[resumeKey]*delivered{}
+	}
+	r.m[k] = d
+	r.mu.Unlock()
+	time.AfterFunc(resumeTTL, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.m[k] == d {
+			delete(r.m, k)
+		}
+	})
+}
+
+// take returns and forgets what was left for a watch of opts resuming from
+// rv, or nil.
+func (r *resumes) take(opts WatchOptions, rv string) *delivered {
+	k := newResumeKey(opts, rv)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d := r.m[k]
+	delete(r.m, k)
+	return d
+}
+
+// keyOf returns obj's key and metadata; ok is false for an object without
+// metadata.
+func keyOf(obj runtime.Object) (objectKey, metav1.Object, bool) {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return objectKey{}, nil, false
+	}
+	return objectKey{m.GetNamespace(), m.GetName()}, m, true
+}
+
+// apply records an event the reflector received.
+func (d *delivered) apply(t watch.EventType, obj runtime.Object) {
+	k, m, ok := keyOf(obj)
+	if !ok {
+		return
+	}
+	switch t {
+	case watch.Added, watch.Modified:
+		d.objs[k] = obj
+	case watch.Deleted:
+		delete(d.objs, k)
+	}
+	d.rv = m.GetResourceVersion()
+}
+
+// changesTo returns the events that take a reflector holding d to fresh,
+// a snapshot at rv: DELETED for what fresh lacks (the object as delivered,
+// at rv), ADDED for what d lacks or holds under another UID (after its
+// DELETED), MODIFIED for a changed resourceVersion. order is fresh's keys
+// in the order the daemon sent them.
+func (d *delivered) changesTo(fresh map[objectKey]runtime.Object, order []objectKey, rv string) []watch.Event {
+	var evs []watch.Event
+	gone := func(old runtime.Object) {
+		old = old.DeepCopyObject()
+		if m, err := meta.Accessor(old); err == nil {
+			m.SetResourceVersion(rv)
+		}
+		evs = append(evs, watch.Event{Type: watch.Deleted, Object: old})
+	}
+	for k, old := range d.objs {
+		if _, ok := fresh[k]; !ok {
+			gone(old)
+		}
+	}
+	for _, k := range order {
+		obj := fresh[k]
+		old, ok := d.objs[k]
+		if !ok {
+			evs = append(evs, watch.Event{Type: watch.Added, Object: obj})
+			continue
+		}
+		_, om, _ := keyOf(old)
+		_, nm, _ := keyOf(obj)
+		switch {
+		case om.GetUID() != nm.GetUID():
+			gone(old)
+			evs = append(evs, watch.Event{Type: watch.Added, Object: obj})
+		case om.GetResourceVersion() != nm.GetResourceVersion():
+			evs = append(evs, watch.Event{Type: watch.Modified, Object: obj})
+		}
+	}
+	return evs
+}
