@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"sync"
@@ -190,13 +189,11 @@ func (lw *listWatch) listing(ctx context.Context, o metav1.ListOptions, await bo
 			case informerdv1.EventType_EVENT_TYPE_SYNCED:
 				rv := ev.GetResourceVersion()
 				lw.see(rv)
-				d := &delivered{rv: rv, objs: make(map[objectKey]runtime.Object, len(objs))}
+				d := make(delivered, len(objs))
 				for _, obj := range objs {
-					if k, _, ok := keyOf(obj); ok {
-						d.objs[k] = obj
-					}
+					d.apply(watch.Added, obj)
 				}
-				lw.c.resumes.leave(opts, d)
+				lw.c.resumes.leave(opts, rv, d)
 				return lw.list(objs, rv), nil
 			}
 		}
@@ -237,48 +234,53 @@ func (lw *listWatch) watching(ctx context.Context, o metav1.ListOptions, await b
 	if err != nil {
 		return nil, err
 	}
-	resume := o.ResourceVersion
 	watchList := o.SendInitialEvents != nil && *o.SendInitialEvents
+	resume := o.ResourceVersion
 	if watchList || resume == "0" {
 		resume = ""
 	}
-	w := &streamWatch{lw: lw, opts: opts, out: make(chan watch.Event), done: make(chan struct{}),
-		bookmarks: o.AllowWatchBookmarks, watchList: watchList}
-	switch {
-	case watchList:
-		w.held, w.initial = &delivered{objs: map[objectKey]runtime.Object{}}, true
-	case resume != "":
+	ctx, cancel := context.WithCancel(ctx)
+	w := &streamWatch{lw: lw, o: o, out: make(chan watch.Event), cancel: cancel,
+		bookmarks: o.AllowWatchBookmarks, watchList: watchList, await: await, resume: resume}
+	if resume == "" {
+		w.held, w.initial = delivered{}, true
+	} else {
 		w.held = lw.c.resumes.take(opts, resume)
 	}
 	s, err := lw.c.openStream(ctx, opts, resume, await)
 	if err != nil {
-		lw.c.resumes.leave(opts, w.held)
+		cancel()
+		lw.c.resumes.leave(opts, resume, w.held)
 		return nil, toAPIError(err)
 	}
-	w.s = s
-	go w.run() // ends when the stream ends or Stop cancels it
+	go w.run(ctx, s) // ends when Stop or ctx ends it, or the watch cannot go on
 	return w, nil
 }
 
-// streamWatch adapts a Stream to watch.Interface.
+// streamWatch adapts the daemon's streams to watch.Interface. While the
+// daemon is unreachable or restarts, it resumes by itself (as Watcher
+// does) rather than ending the watch: client-go's reflector takes a watch
+// that ends within a second with no events for a failure, and relists
+// after its backoff.
 type streamWatch struct {
 	lw        *listWatch
-	opts      WatchOptions
-	s         *Stream
+	o         metav1.ListOptions
 	out       chan watch.Event
-	done      chan struct{}
-	stopOnce  sync.Once
+	cancel    context.CancelFunc // ends the watch
 	bookmarks bool
 	watchList bool
+	await     bool // resume after the daemon was unreachable
 
 	// Owned by run.
+	// resume is where the next stream resumes: after the last event sent
+	// ("" during the initial events).
+	resume string
 	// held is what the receiver holds: what the List or watch this one
 	// resumes from delivered, and what this one delivered since; nil when
-	// not known (a plain watch from "" or "0", or a resume point left by
-	// no one).
-	held *delivered
-	// initial: the initial events of a WatchList are being sent; held is
-	// the receiver's once they end.
+	// not known (a resume point no List or watch of this Client left).
+	held delivered
+	// initial: the initial events (of a WatchList, or of a watch from "")
+	// are being sent; a stream failing then ends the watch.
 	initial bool
 	// fresh and order collect the snapshot after a RESET (fresh is nil
 	// when there is none).
@@ -286,54 +288,66 @@ type streamWatch struct {
 	order []objectKey
 }
 
-func (w *streamWatch) Stop() {
-	w.stopOnce.Do(func() {
-		close(w.done)
-		w.s.Close()
-	})
-}
+// errWatchEnded: the watch sent its last event.
+var errWatchEnded = errors.New("informerd: watch ended")
+
+func (w *streamWatch) Stop() { w.cancel() }
 
 func (w *streamWatch) ResultChan() <-chan watch.Event { return w.out }
 
-func (w *streamWatch) send(ev watch.Event) bool {
+// run sends the events of s, then of each stream resuming after it, until
+// the watch ends: Stop, an error the daemon will repeat (sent as an ERROR
+// event), a RESET with nothing to compare with (410), or a failure it
+// cannot resume from (the channel closes; the reflector watches again).
+func (w *streamWatch) run(ctx context.Context, s *Stream) {
+	defer close(w.out)
+	once := func(ctx context.Context) (progressed bool, err error) {
+		if s == nil {
+			opts, err := w.lw.options(w.o)
+			if err != nil {
+				return false, err
+			}
+			if s, err = w.lw.c.Stream(ctx, opts, w.resume); err != nil {
+				return false, err
+			}
+		}
+		defer func() { s.Close(); s = nil }()
+		w.fresh, w.order = nil, nil
+		for {
+			evs, err := s.Recv()
+			if err != nil {
+				return progressed, err
+			}
+			progressed = true
+			for _, ev := range evs {
+				if !w.deliver(ctx, ev) {
+					return progressed, errWatchEnded
+				}
+			}
+		}
+	}
+	resumable := func(err error, _ bool) bool {
+		return w.await && !w.initial && !terminal(err) && !errors.Is(err, errWatchEnded)
+	}
+	err := w.lw.c.retry(ctx, Backoff{}.withDefaults(), nil, once, resumable)
+	var st apierrors.APIStatus
+	if err != nil && terminal(err) && errors.As(toAPIError(err), &st) {
+		s := st.Status()
+		w.send(ctx, watch.Event{Type: watch.Error, Object: &s})
+	}
+}
+
+func (w *streamWatch) send(ctx context.Context, ev watch.Event) bool {
 	select {
 	case w.out <- ev:
 		return true
-	case <-w.done:
+	case <-ctx.Done():
 		return false
 	}
 }
 
-func (w *streamWatch) run() {
-	defer close(w.out)
-	for {
-		evs, err := w.s.Recv()
-		if err != nil {
-			var st apierrors.APIStatus
-			if err = w.lw.c.explain(err); !errors.Is(err, io.EOF) && terminal(err) && errors.As(toAPIError(err), &st) {
-				s := st.Status()
-				w.send(watch.Event{Type: watch.Error, Object: &s})
-				return // the reflector relists
-			}
-			select {
-			case <-w.done: // the receiver stopped the watch
-			default:
-				if !w.initial {
-					w.lw.c.resumes.leave(w.opts, w.held)
-				}
-			}
-			return // the reflector re-watches from its last resourceVersion
-		}
-		for _, ev := range evs {
-			if !w.deliver(ev) {
-				return
-			}
-		}
-	}
-}
-
 // deliver translates one event; it returns false when the watch must end.
-func (w *streamWatch) deliver(ev *informerdv1.Event) bool {
+func (w *streamWatch) deliver(ctx context.Context, ev *informerdv1.Event) bool {
 	rv := ev.GetResourceVersion()
 	var t watch.EventType
 	switch ev.GetType() {
@@ -344,23 +358,27 @@ func (w *streamWatch) deliver(ev *informerdv1.Event) bool {
 	case informerdv1.EventType_EVENT_TYPE_DELETED:
 		t = watch.Deleted
 	case informerdv1.EventType_EVENT_TYPE_BOOKMARK:
-		if !w.bookmarks || rv == "" || w.fresh != nil {
+		if rv == "" || w.fresh != nil || w.initial {
 			return true
 		}
-		return w.sendBookmark(ev, false)
+		return w.sendBookmark(ctx, ev, false)
 	case informerdv1.EventType_EVENT_TYPE_SYNCED:
 		switch {
 		case w.fresh != nil:
-			return w.catchUp(ev)
-		case w.watchList && w.initial:
+			return w.catchUp(ctx, ev)
+		case w.initial:
 			w.initial = false
-			return w.sendBookmark(ev, true)
+			if !w.watchList { // a plain watch from "" sends the initial state as ADDED only
+				w.resume = rv
+				return true
+			}
+			return w.sendBookmark(ctx, ev, true)
 		}
-		return true // a plain watch from "" sends the initial state as ADDED only
+		return true
 	case informerdv1.EventType_EVENT_TYPE_RESET:
 		if w.held == nil || w.initial {
 			st := apierrors.NewResourceExpired("informerd: the resume point left the daemon's event log; relist").ErrStatus
-			w.send(watch.Event{Type: watch.Error, Object: &st})
+			w.send(ctx, watch.Event{Type: watch.Error, Object: &st})
 			return false
 		}
 		w.fresh, w.order = map[objectKey]runtime.Object{}, nil
@@ -371,7 +389,7 @@ func (w *streamWatch) deliver(ev *informerdv1.Event) bool {
 	obj, err := w.lw.decode(ev.GetObject(), rv)
 	if err != nil {
 		st := apierrors.NewInternalError(err).ErrStatus
-		w.send(watch.Event{Type: watch.Error, Object: &st})
+		w.send(ctx, watch.Event{Type: watch.Error, Object: &st})
 		return false
 	}
 	if w.fresh != nil { // a snapshot after a RESET: ADDED only
@@ -384,50 +402,53 @@ func (w *streamWatch) deliver(ev *informerdv1.Event) bool {
 		return true
 	}
 	w.lw.see(rv) // before the receiver can act on it
-	return w.sendObject(watch.Event{Type: t, Object: obj})
+	return w.sendObject(ctx, watch.Event{Type: t, Object: obj})
 }
 
 // sendObject sends an object's event and notes that the receiver holds it.
-func (w *streamWatch) sendObject(e watch.Event) bool {
-	if !w.send(e) {
+func (w *streamWatch) sendObject(ctx context.Context, e watch.Event) bool {
+	if !w.send(ctx, e) {
 		return false
 	}
 	if w.held != nil {
 		w.held.apply(e.Type, e.Object)
 	}
+	if m, err := meta.Accessor(e.Object); err == nil && !w.initial {
+		w.resume = m.GetResourceVersion()
+	}
 	return true
 }
 
-// sendBookmark sends the bookmark of a BOOKMARK or SYNCED event.
-func (w *streamWatch) sendBookmark(ev *informerdv1.Event, initialEventsEnd bool) bool {
+// sendBookmark notes the resourceVersion of a BOOKMARK or SYNCED event, and
+// sends its bookmark if the receiver takes them (the initial-events-end
+// one always).
+func (w *streamWatch) sendBookmark(ctx context.Context, ev *informerdv1.Event, initialEventsEnd bool) bool {
 	rv := ev.GetResourceVersion()
 	w.lw.see(rv)
-	if !w.send(watch.Event{Type: watch.Bookmark, Object: w.bookmark(ev, initialEventsEnd)}) {
-		return false
+	w.resume = rv
+	if !w.bookmarks && !initialEventsEnd {
+		return true
 	}
-	if w.held != nil {
-		w.held.rv = rv
-	}
-	return true
+	return w.send(ctx, watch.Event{Type: watch.Bookmark, Object: w.bookmark(ev, initialEventsEnd)})
 }
 
 // catchUp ends the snapshot after a RESET (ev is its SYNCED): it sends the
 // changes from what the receiver holds to the snapshot, then a bookmark at
-// the snapshot's resourceVersion if the receiver takes bookmarks.
-func (w *streamWatch) catchUp(ev *informerdv1.Event) bool {
+// the snapshot's resourceVersion.
+func (w *streamWatch) catchUp(ctx context.Context, ev *informerdv1.Event) bool {
 	rv := ev.GetResourceVersion()
 	changes := w.held.changesTo(w.fresh, w.order, rv)
 	w.fresh, w.order = nil, nil
 	w.lw.see(rv)
 	for _, e := range changes {
-		if !w.sendObject(e) {
+		if !w.sendObject(ctx, e) {
 			return false
 		}
 	}
-	if !w.bookmarks || rv == "" {
+	if rv == "" {
 		return true
 	}
-	return w.sendBookmark(ev, false)
+	return w.sendBookmark(ctx, ev, false)
 }
 
 // bookmark returns the object of a BOOKMARK or SYNCED event: the daemon

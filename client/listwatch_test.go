@@ -315,9 +315,10 @@ func events(t *testing.T, w watch.Interface, n int) []string {
 }
 
 // TestListerWatcherAnswersResetWithChanges (issue 21, defect 6): a watch
-// resuming where the List and the watch before it ended answers the new
-// daemon's RESET with the changes to its snapshot, and a bookmark, not
-// with 410 (on which the reflector would relist after its backoff).
+// whose stream fails resumes by itself where it was, and answers the new
+// daemon's RESET with the changes from what the List and the watch
+// delivered to the snapshot, and a bookmark, not with 410 (on which the
+// reflector would relist after its backoff).
 func TestListerWatcherAnswersResetWithChanges(t *testing.T) {
 	withUID := func(e *informerdv1.Event, uid string) *informerdv1.Event {
 		e.Object = []byte(strings.Replace(string(e.Object), `"namespace"`, `"uid":"`+uid+`","namespace"`, 1))
@@ -335,42 +336,35 @@ func TestListerWatcherAnswersResetWithChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := events(t, w, 3), []string{"MODIFIED a@6", "DELETED d@7"}; !slices.Equal(got, want) {
-		t.Fatalf("first watch = %v, want %v and the end of the watch", got, want)
-	}
-	w.Stop()
-	w, err = lw.WatchWithContext(t.Context(), metav1.ListOptions{ResourceVersion: "7", AllowWatchBookmarks: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer w.Stop()
-	// Deletions first, then the snapshot's order; c was re-created.
-	if got, want := events(t, w, 5), []string{"DELETED b@11", "DELETED c@11", "ADDED c@9", "ADDED e@10", "BOOKMARK @11"}; !slices.Equal(got, want) {
-		t.Errorf("watch answering a RESET = %v, want %v", got, want)
+	// Then deletions first, then the snapshot's order; c was re-created.
+	if got, want := events(t, w, 7), []string{"MODIFIED a@6", "DELETED d@7",
+		"DELETED b@11", "DELETED c@11", "ADDED c@9", "ADDED e@10", "BOOKMARK @11"}; !slices.Equal(got, want) {
+		t.Errorf("watch = %v, want %v", got, want)
+	}
+	if got := d.request(2).GetResumeResourceVersion(); got != "7" {
+		t.Errorf("the watch resumed from %q, want 7", got)
 	}
 }
 
 // TestResetWithoutADeliveredStateIsExpired: a watch resuming from a point
-// this Client did not deliver (or one a watch stopped by its receiver
-// ended at) still answers a RESET with 410, for the reflector to relist.
+// no List of this Client returned still answers a RESET with 410, for the
+// reflector to relist.
 func TestResetWithoutADeliveredStateIsExpired(t *testing.T) {
 	d := (&scriptedDaemon{}).
-		then(nil, ev(modified, "a", "6")).
+		then(status.Error(codes.Unavailable, "daemon gone"), ev(modified, "a", "6")).
 		then(nil, ev(reset, "", ""), cm("a", "6"), ev(synced, "", "7"))
 	lw := NewListerWatcher(serveScripted(t, d), WatchOptions{Resource: configMaps})
 	w, err := lw.WatchWithContext(t.Context(), metav1.ListOptions{ResourceVersion: "5"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	events(t, w, 1)
-	w.Stop() // by the receiver: nothing is left for a resume from 6
-	w, err = lw.WatchWithContext(t.Context(), metav1.ListOptions{ResourceVersion: "6"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer w.Stop()
-	if got, want := events(t, w, 1), []string{"ERROR 410"}; !slices.Equal(got, want) {
+	if got, want := events(t, w, 2), []string{"MODIFIED a@6", "ERROR 410"}; !slices.Equal(got, want) {
 		t.Errorf("watch = %v, want %v", got, want)
+	}
+	if _, open := <-w.ResultChan(); open {
+		t.Error("the watch goes on after 410")
 	}
 }
 

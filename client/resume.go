@@ -17,31 +17,27 @@ import (
 // two minutes), and a new daemon, which cannot know a restarted client's
 // resume point, RESETs every stream it is asked to resume.
 //
-// To do that a watch needs what its reflector holds: every watch keeps the
-// objects it and the List or watch before it delivered (the reflector's
-// store: the same objects, shared), and when it ends on the daemon's side,
-// leaves them for the watch that resumes from its last resourceVersion. A
-// RESET's fresh snapshot is then compared with them: the watch sends
-// DELETED for the objects gone, ADDED and MODIFIED for the new and changed
-// ones, and a bookmark at the snapshot. A watch with nothing to compare
-// with (a resume point this Client did not deliver, or one left more than
-// resumeTTL ago) still ends with 410.
+// To do that a watch needs what its receiver holds. A watch keeps the
+// objects it delivered (the reflector's store holds the same objects),
+// starting from those of the List it resumes from: a List leaves what it
+// returned, keyed by request and resourceVersion, and the reflector's
+// watch that follows takes it. A RESET's fresh snapshot is compared with
+// them: the watch sends DELETED for the objects gone, ADDED and MODIFIED
+// for the new and changed ones, and a bookmark at the snapshot. A watch
+// with nothing to compare with (a resume point no List of this Client
+// returned, or one left more than resumeTTL ago) still ends with 410.
 
-// resumeTTL is how long a List's result or an ended watch's objects wait
-// for the watch resuming from them. client-go's reflector watches at once
-// after a List and after a watch that ended, so they are taken within
-// milliseconds; the TTL frees those of a List no watch follows.
+// resumeTTL is how long a List's result waits for the watch resuming from
+// it. client-go's reflector watches at once after a List, so it is taken
+// within milliseconds; the TTL frees those of a List no watch follows.
 const resumeTTL = 10 * time.Second
 
 // objectKey names an object in a resource.
 type objectKey struct{ namespace, name string }
 
 // delivered is what a reflector holds after a List or watch: its objects
-// by key, at the resourceVersion it will resume from.
-type delivered struct {
-	rv   string
-	objs map[objectKey]runtime.Object
-}
+// by key.
+type delivered map[objectKey]runtime.Object
 
 // resumeKey is a request, without what does not change its objects, and
 // a resourceVersion.
@@ -55,29 +51,31 @@ func newResumeKey(opts WatchOptions, rv string) resumeKey {
 	return resumeKey{opts, rv}
 }
 
-// resumes holds what ended Lists and watches delivered, for resumeTTL or
-// until taken.
+// resumes holds what Lists delivered, for resumeTTL or until taken.
 type resumes struct {
 	mu sync.Mutex // guards m
-	m  map[resumeKey]*delivered
+	m  map[resumeKey]*left
 }
 
-// leave keeps d for the watch of opts that resumes from d.rv.
-func (r *resumes) leave(opts WatchOptions, d *delivered) {
-	if d == nil || d.rv == "" {
+// left is what resumes holds for one key.
+type left struct{ d delivered }
+
+// leave keeps d for the watch of opts that resumes from rv.
+func (r *resumes) leave(opts WatchOptions, rv string, d delivered) {
+	if d == nil || rv == "" {
 		return
 	}
-	k := newResumeKey(opts, d.rv)
+	k, l := newResumeKey(opts, rv), &left{d}
 	r.mu.Lock()
 	if r.m == nil {
-		r.m = map[resumeKey]*delivered{}
+		r.m = map[resumeKey]*left{}
 	}
-	r.m[k] = d
+	r.m[k] = l
 	r.mu.Unlock()
 	time.AfterFunc(resumeTTL, func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		if r.m[k] == d {
+		if r.m[k] == l {
 			delete(r.m, k)
 		}
 	})
@@ -85,13 +83,16 @@ func (r *resumes) leave(opts WatchOptions, d *delivered) {
 
 // take returns and forgets what was left for a watch of opts resuming from
 // rv, or nil.
-func (r *resumes) take(opts WatchOptions, rv string) *delivered {
+func (r *resumes) take(opts WatchOptions, rv string) delivered {
 	k := newResumeKey(opts, rv)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	d := r.m[k]
+	l := r.m[k]
+	if l == nil {
+		return nil
+	}
 	delete(r.m, k)
-	return d
+	return l.d
 }
 
 // keyOf returns obj's key and metadata; ok is false for an object without
@@ -105,18 +106,17 @@ func keyOf(obj runtime.Object) (objectKey, metav1.Object, bool) {
 }
 
 // apply records an event the reflector received.
-func (d *delivered) apply(t watch.EventType, obj runtime.Object) {
-	k, m, ok := keyOf(obj)
+func (d delivered) apply(t watch.EventType, obj runtime.Object) {
+	k, _, ok := keyOf(obj)
 	if !ok {
 		return
 	}
 	switch t {
 	case watch.Added, watch.Modified:
-		d.objs[k] = obj
+		d[k] = obj
 	case watch.Deleted:
-		delete(d.objs, k)
+		delete(d, k)
 	}
-	d.rv = m.GetResourceVersion()
 }
 
 // changesTo returns the events that take a reflector holding d to fresh,
@@ -124,7 +124,7 @@ func (d *delivered) apply(t watch.EventType, obj runtime.Object) {
 // at rv), ADDED for what d lacks or holds under another UID (after its
 // DELETED), MODIFIED for a changed resourceVersion. order is fresh's keys
 // in the order the daemon sent them.
-func (d *delivered) changesTo(fresh map[objectKey]runtime.Object, order []objectKey, rv string) []watch.Event {
+func (d delivered) changesTo(fresh map[objectKey]runtime.Object, order []objectKey, rv string) []watch.Event {
 	var evs []watch.Event
 	gone := func(old runtime.Object) {
 		old = old.DeepCopyObject()
@@ -133,14 +133,14 @@ func (d *delivered) changesTo(fresh map[objectKey]runtime.Object, order []object
 		}
 		evs = append(evs, watch.Event{Type: watch.Deleted, Object: old})
 	}
-	for k, old := range d.objs {
+	for k, old := range d {
 		if _, ok := fresh[k]; !ok {
 			gone(old)
 		}
 	}
 	for _, k := range order {
 		obj := fresh[k]
-		old, ok := d.objs[k]
+		old, ok := d[k]
 		if !ok {
 			evs = append(evs, watch.Event{Type: watch.Added, Object: obj})
 			continue
