@@ -48,6 +48,13 @@ func (a *arrivals) note() {
 	a.changed = make(chan struct{})
 }
 
+// next returns a channel closed at the next arrival.
+func (a *arrivals) next() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.changed
+}
+
 func (a *arrivals) clear() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -335,6 +342,36 @@ func TestClientsBackAfterDaemonKill(t *testing.T) {
 		t.Log(line + " (first message received / first handler call, after the socket accepted)")
 		if outage >= 30*time.Second && cpu > down/20 {
 			t.Errorf("the clients used %s of CPU during a %s outage, want at most 5%% of a core", cpu, down)
+		}
+	}
+	// The informers hold exactly what the API server has: the changes of
+	// every outage, nothing more, nothing less.
+	want, err := kubeClient(t).CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wantKeys []string
+	for _, cm := range want.Items {
+		wantKeys = append(wantKeys, ns+"/"+cm.Name+"@"+cm.ResourceVersion)
+	}
+	slices.Sort(wantKeys)
+	for name, inf := range map[string]toolscache.SharedIndexInformer{"ListerWatcher": lwInf, "factory": fInf, "dynamic": dynInf} {
+		for {
+			changed := kinds[name].handler.next()
+			var got []string
+			for _, obj := range inf.GetStore().List() {
+				m := obj.(metav1.Object)
+				got = append(got, m.GetNamespace()+"/"+m.GetName()+"@"+m.GetResourceVersion())
+			}
+			slices.Sort(got)
+			if slices.Equal(got, wantKeys) {
+				break
+			}
+			select {
+			case <-changed:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s's informer holds %v, the API server %v", name, got, wantKeys)
+			}
 		}
 	}
 	for _, name := range names {
