@@ -36,15 +36,17 @@ import (
 // It implements client-go's WatchList semantics: a Watch with
 // SendInitialEvents streams the daemon's snapshot as ADDED events and ends
 // it with the initial-events-end bookmark, not older than the requested
-// resourceVersion (resourceVersionMatch NotOlderThan). A RESET (the resume
-// point left the daemon's log, as after a daemon restart) becomes the
-// DELETED, ADDED and MODIFIED events from what the reflector holds to the
-// daemon's new snapshot, and a bookmark, when the watch resumes from a List
-// or watch of this Client (see resumes); otherwise it surfaces as 410
-// Expired, on which the reflector relists. No List or Watch ever starts
-// from a state older than one this ListerWatcher has delivered. While the daemon is unreachable,
-// ListWithContext and WatchWithContext wait for it until their context
-// ends.
+// resourceVersion (resourceVersionMatch NotOlderThan). A watch whose
+// stream fails resumes by itself (waiting for an unreachable daemon)
+// rather than ending. A RESET (the resume point left the daemon's log, as
+// after a daemon restart) becomes the DELETED, ADDED and MODIFIED events
+// from what the reflector holds to the daemon's new snapshot, and a
+// bookmark, when the watch started with initial events or resumes from a
+// List of this Client (see resumes); otherwise it surfaces as 410 Expired,
+// on which the reflector relists. No List or Watch ever starts from a
+// state older than one this ListerWatcher has delivered. While the daemon
+// is unreachable, ListWithContext and WatchWithContext wait for it until
+// their context ends.
 func NewListerWatcher(c *Client, opts WatchOptions) ListerWatcher { return newListWatch(c, opts) }
 
 func newListWatch(c *Client, opts WatchOptions) *listWatch {
