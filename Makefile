@@ -46,6 +46,7 @@ promtool: ## Build promtool, which checks and unit-tests the alerts (cached outs
 .PHONY: test
 test: controlplane promtool ## Run every test (unit and e2e) with -race, then each fuzz target briefly; builds the control plane and promtool if needed.
 	INFORMERD_PROMTOOL="$$(hack/monitoring/build.sh 2>/dev/null)/promtool" $(GO) test -race -count=1 -timeout=30m $(TEST_FLAGS) ./...
+	cd hack/plot && $(GO) test -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz
 
 # CHAOS_DURATION is how long `make chaos` injects faults; CHAOS_SEED repeats a run.
@@ -113,6 +114,11 @@ BENCH_COUNT ?= 1
 bench: controlplane build ## Direct client-go informers vs informerd, side by side on the local control plane (BENCH_QUICK=1: a few minutes).
 	$(GO) build -o $(BIN)/bench ./test/bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench -bin $(BIN) $(BENCH_FLAGS)
+	$(MAKE) --no-print-directory plot
+
+.PHONY: plot
+plot: ## Draw _output/bench/results.json (make bench's) as SVG plots beside it (hack/plot).
+	cd hack/plot && $(GO) run . -in $(CURDIR)/_output/bench/results.json
 
 # BENCH_STATUS_FLAGS go to `bench status` (e.g. BENCH_STATUS_FLAGS="-deployments 1000 -appliers 1";
 # "-appliers= -rollout 1000": only the rollout of a 1,000-replica Deployment;
