@@ -161,3 +161,67 @@ func processCPU(b *testing.B) int64 {
 	}
 	return ru.Utime.Nano() + ru.Stime.Nano()
 }
+
+// BenchmarkPodEventAmongDeployments is what one Pod event costs the engine
+// when a Watch asks about D Deployments of one namespace (an applier's),
+// each with its ReplicaSet and one Pod: each op changes one Pod's
+// readiness and waits for its Deployment's new status. cpu-ns/op should
+// not grow with D.
+func BenchmarkPodEventAmongDeployments(b *testing.B) {
+	for _, d := range []int{100, 1000, 5000} {
+		b.Run(fmt.Sprintf("D=%d", d), func(b *testing.B) {
+			src := newFakeSource()
+			src.serve(deploymentGK, "deployments")
+			src.serve(replicaSetGK, "replicasets")
+			src.serve(podGK, "pods")
+			ids := make([]object.ObjMetadata, d)
+			labels := make([]map[string]string, d)
+			for i := range d {
+				name := fmt.Sprintf("app-%05d", i)
+				dep, rs, l := deployment("ns", name)
+				src.put(b, dep)
+				src.put(b, rs)
+				src.put(b, benchPod(name+"-h1-x", l, true))
+				ids[i], labels[i] = id(deploymentGK, "ns", name), l
+			}
+			e := newEngine(Options{}, src)
+			b.Cleanup(e.Close)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			w, err := e.Watch(ctx, Request{IDs: ids, Strategy: watcher.RESTScopeNamespace})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(w.Close)
+			for synced := false; !synced; {
+				batch, err := w.Next(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(batch.Access) > 0 {
+					if err := w.Grant(ctx, batch.Access); err != nil {
+						b.Fatal(err)
+					}
+				}
+				synced = batch.Synced
+			}
+			ready := make([]bool, d)
+			for i := range ready {
+				ready[i] = true
+			}
+			cpu := processCPU(b)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				k := (i * 7919) % d // spread over the Deployments
+				ready[k] = !ready[k]
+				src.put(b, benchPod(ids[k].Name+"-h1-x", labels[k], ready[k]))
+				if _, err := w.Next(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(processCPU(b)-cpu)/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
