@@ -9,7 +9,6 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/polling/engine"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/polling/event"
@@ -32,7 +31,6 @@ type source interface {
 type subscription interface {
 	Next(ctx context.Context, max int) ([]*cache.Event, error)
 	Get(namespace, name string) (*cache.Object, bool)
-	List(namespace string, sel labels.Selector) []*cache.Object
 	Close()
 }
 
@@ -309,6 +307,7 @@ func (e *Engine) unregister(w *Watch) {
 			e.timedChange = true
 		}
 		e.metrics.objects.Dec()
+		setDeps(t, nil)
 		delete(t.feed.targets, t)
 		e.release(t.feed)
 		for _, f := range t.gen {
@@ -481,12 +480,12 @@ func (e *Engine) compute(t *target, changed bool) bool {
 // and returns it with the objects it was computed from (the cache's bytes).
 func (e *Engine) read(t *target) (*event.ResourceStatus, map[object.ObjMetadata][]byte, bool) {
 	if t.feed.state != feedSynced {
-		t.deps = nil
+		setDeps(t, nil)
 		return notFound(t.id), nil, false
 	}
 	o, ok := t.feed.sub.Get(t.id.Namespace, t.id.Name)
 	if !ok {
-		t.deps = nil
+		setDeps(t, nil)
 		return notFound(t.id), nil, false
 	}
 	objects := map[object.ObjMetadata][]byte{t.id: o.Data}
@@ -496,7 +495,7 @@ func (e *Engine) read(t *target) (*event.ResourceStatus, map[object.ObjMetadata]
 	}
 	cr := &clusterReader{t: t, objects: objects}
 	rs, err := e.reader.ReadStatusForObject(e.ctx, cr, u)
-	t.deps = cr.deps
+	setDeps(t, cr.deps)
 	if err != nil {
 		return &event.ResourceStatus{Identifier: t.id, Status: kstatus.UnknownStatus, Resource: identity(u), Error: err}, objects, false
 	}
@@ -570,10 +569,12 @@ func (e *Engine) onFeed(m feedMsg) {
 		}
 	case msgSubscribed:
 		f.sub, f.state, f.podStatuses = m.sub, feedSyncing, nil
+		f.objects.reset() // a snapshot follows
 	case msgEvents:
 		e.onEvents(f, m.evs)
 	case msgLost:
 		f.sub = nil
+		f.objects.reset()
 		if errors.Is(m.err, cache.ErrResourceRemoved) {
 			e.log.Info("resource removed: its objects are NotFound until it is served again", "kind", f.key.gk, "err", m.err)
 			f.setAbsent()
@@ -602,27 +603,27 @@ func (e *Engine) onEvents(f *feed, evs []*cache.Event) {
 		switch ev.Type {
 		case cache.Reset:
 			f.state, f.podStatuses = feedSyncing, nil
+			f.objects.reset()
 		case cache.Synced:
 			f.state = feedSynced
 			e.dirtyAll(f)
 		case cache.Added, cache.Modified, cache.Deleted:
+			o := ev.Object
+			if ev.Type == cache.Deleted {
+				f.objects.remove(o)
+			} else {
+				f.objects.put(o)
+			}
 			if f.state != feedSynced {
 				continue // a snapshot: Synced follows
 			}
-			o := ev.Object
 			if ev.Type == cache.Deleted {
 				delete(f.podStatuses, o.Name)
 			}
-			for t := range f.targets {
-				if t.id.Name == o.Name && t.id.Namespace == o.Namespace {
-					e.dirty[t] = true
-				}
+			if t := e.targets[object.ObjMetadata{GroupKind: f.key.gk, Namespace: o.Namespace, Name: o.Name}]; t != nil && t.feed == f {
+				e.dirty[t] = true
 			}
-			for t := range f.dependents {
-				if t.lists(f, o) {
-					e.dirty[t] = true
-				}
-			}
+			f.listers.listers(f, o, func(t *target) { e.dirty[t] = true })
 		}
 	}
 }

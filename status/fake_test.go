@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/informerd/informerd/cache"
@@ -131,6 +130,28 @@ func (s *fakeSource) remove(gk schema.GroupKind, namespace, name string) {
 	s.publishLocked(gk, &cache.Event{Type: cache.Deleted, Object: o, ResourceVersion: strconv.Itoa(s.rv)})
 }
 
+// resetWithout deletes an object without an event, as happens while a
+// subscriber's position is lost, then resets gk's subscriptions: a Reset,
+// a snapshot and Synced.
+func (s *fakeSource) resetWithout(gk schema.GroupKind, namespace, name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.objects[gk], namespace+"/"+name)
+	for sub := range s.subs {
+		if sub.gk != gk || sub.err != nil {
+			continue
+		}
+		sub.queue = append(sub.queue, &cache.Event{Type: cache.Reset})
+		for _, o := range s.objects[gk] {
+			if sub.namespace == "" || o.Namespace == sub.namespace {
+				sub.queue = append(sub.queue, &cache.Event{Type: cache.Added, Object: o})
+			}
+		}
+		sub.queue = append(sub.queue, &cache.Event{Type: cache.Synced, ResourceVersion: strconv.Itoa(s.rv)})
+	}
+	s.broadcastLocked()
+}
+
 func (s *fakeSource) publishLocked(gk schema.GroupKind, ev *cache.Event) {
 	for sub := range s.subs {
 		if sub.gk == gk && (sub.namespace == "" || sub.namespace == ev.Object.Namespace) && sub.err == nil {
@@ -216,18 +237,6 @@ func (f *fakeSub) Get(namespace, name string) (*cache.Object, bool) {
 	defer f.src.mu.Unlock()
 	o, ok := f.src.objects[f.gk][namespace+"/"+name]
 	return o, ok
-}
-
-func (f *fakeSub) List(namespace string, sel labels.Selector) []*cache.Object {
-	f.src.mu.Lock()
-	defer f.src.mu.Unlock()
-	var out []*cache.Object
-	for _, o := range f.src.objects[f.gk] {
-		if o.Namespace == namespace && sel.Matches(o.Labels) {
-			out = append(out, o)
-		}
-	}
-	return out
 }
 
 func (f *fakeSub) Close() {

@@ -45,6 +45,12 @@ type feed struct {
 	sub        subscription                // set in feedSyncing and feedSynced
 	targets    map[*target]struct{}        // objects of this kind
 	dependents map[*target]struct{}        // objects that list this kind
+	// objects are the feed's objects as its events left them, once a
+	// snapshot started (ListNamespaceScoped reads them); listers are the
+	// dependents' lists of them (onEvents finds a change's dependents
+	// there).
+	objects objectIndex
+	listers depIndex
 	// podStatuses are the statuses of the generated Pods some target
 	// listed (a feed of Pods), by name, at the resourceVersion they were
 	// computed at (podStatuses, reader.go). An entry goes with its Pod's
@@ -68,6 +74,7 @@ func (f *feed) grant() {
 
 func (f *feed) setAbsent() {
 	f.state, f.gvr, f.sub, f.granted, f.podStatuses = feedAbsent, schema.GroupVersionResource{}, nil, nil, nil
+	f.objects.reset()
 }
 
 // acquire returns the feed for key, starting it if needed.

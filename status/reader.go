@@ -162,8 +162,9 @@ func (r podsReader) ReadStatusForObject(ctx context.Context, reader engine.Clust
 }
 
 // clusterReader serves the status readers' lists of generated resources
-// from one target's feeds, and records each list so that a change to a
-// listed object (or to one that starts matching) recomputes the target.
+// from one target's feeds (their objects as the feeds' events left them,
+// as an informer's cache would), and records each list so that a change to
+// a listed object (or to one that starts matching) recomputes the target.
 type clusterReader struct {
 	t    *target
 	deps []dep
@@ -181,6 +182,12 @@ type dep struct {
 	feed  *feed
 	sel   labels.Selector
 	names map[string]struct{} // the objects it returned
+	// by is the equality requirement of sel the list visited the objects
+	// carrying, and feed.listers holds the dep under; indexed is false if
+	// sel has none (then the list visited every object, and feed.listers
+	// holds the dep in scan).
+	by      labelPair
+	indexed bool
 }
 
 var _ engine.ClusterReader = (*clusterReader)(nil)
@@ -197,9 +204,10 @@ func (r *clusterReader) ListNamespaceScoped(_ context.Context, list *unstructure
 		return fmt.Errorf("%w: %s in namespace %q for %s", errNotRead, gk, ns, r.t.id)
 	}
 	d := dep{feed: f, sel: sel}
+	d.by, d.indexed = f.objects.rarest(sel)
 	var objs []*cache.Object
 	if f.state == feedSynced {
-		objs = f.sub.List(ns, sel)
+		objs = f.objects.list(ns, sel, d.by, d.indexed)
 	}
 	d.names = make(map[string]struct{}, len(objs))
 	if len(objs) > 0 {
