@@ -609,9 +609,11 @@ func (e *Engine) onEvents(f *feed, evs []*cache.Event) {
 			e.dirtyAll(f)
 		case cache.Added, cache.Modified, cache.Deleted:
 			o := ev.Object
-			if ev.Type == cache.Deleted {
+			switch {
+			case !f.listed:
+			case ev.Type == cache.Deleted:
 				f.objects.remove(o)
-			} else {
+			default:
 				f.objects.put(o)
 			}
 			if f.state != feedSynced {

@@ -46,9 +46,10 @@ type feed struct {
 	targets    map[*target]struct{}        // objects of this kind
 	dependents map[*target]struct{}        // objects that list this kind
 	// objects are the feed's objects as its events left them, once a
-	// snapshot started (ListNamespaceScoped reads them); listers are the
-	// dependents' lists of them (onEvents finds a change's dependents
-	// there).
+	// snapshot started, if its kind is one the readers list (listed):
+	// ListNamespaceScoped reads them. listers are the dependents' lists
+	// of them: onEvents finds a change's dependents there.
+	listed  bool
 	objects objectIndex
 	listers depIndex
 	// podStatuses are the statuses of the generated Pods some target
@@ -84,7 +85,7 @@ func (e *Engine) acquire(key feedKey) *feed {
 	}
 	ctx, cancel := context.WithCancel(e.ctx)
 	f := &feed{
-		key: key, cancel: cancel,
+		key: key, cancel: cancel, listed: listedKinds[key.gk],
 		targets: map[*target]struct{}{}, dependents: map[*target]struct{}{},
 	}
 	e.feeds[key] = f

@@ -55,7 +55,8 @@ type objKey struct{ namespace, name string }
 // keeps only all.
 type objectIndex struct {
 	all     map[objKey]*cache.Object
-	byLabel map[labelPair]map[*cache.Object]struct{}
+	byLabel multimap[labelPair, *cache.Object]
+	labeled bool // byLabel is built
 }
 
 // put adds o, or replaces the object of its namespace and name.
@@ -84,31 +85,17 @@ func (x *objectIndex) remove(o *cache.Object) {
 func (x *objectIndex) reset() { *x = objectIndex{} }
 
 func (x *objectIndex) label(o *cache.Object) {
-	if x.byLabel == nil {
-		return
-	}
-	for k, v := range o.Labels {
-		p := labelPair{k, v}
-		s := x.byLabel[p]
-		if s == nil {
-			s = map[*cache.Object]struct{}{}
-			x.byLabel[p] = s
+	if x.labeled {
+		for k, v := range o.Labels {
+			x.byLabel.add(labelPair{k, v}, o)
 		}
-		s[o] = struct{}{}
 	}
 }
 
 func (x *objectIndex) unlabel(o *cache.Object) {
-	if x.byLabel == nil {
-		return
-	}
-	for k, v := range o.Labels {
-		p := labelPair{k, v}
-		if s := x.byLabel[p]; s != nil {
-			delete(s, o)
-			if len(s) == 0 {
-				delete(x.byLabel, p)
-			}
+	if x.labeled {
+		for k, v := range o.Labels {
+			x.byLabel.remove(labelPair{k, v}, o)
 		}
 	}
 }
@@ -116,8 +103,8 @@ func (x *objectIndex) unlabel(o *cache.Object) {
 // rarest returns the one of sel's equality requirements that the fewest
 // objects carry, or false if sel has none.
 func (x *objectIndex) rarest(sel labels.Selector) (labelPair, bool) {
-	if x.byLabel == nil {
-		x.byLabel = map[labelPair]map[*cache.Object]struct{}{}
+	if !x.labeled {
+		x.labeled = true
 		for _, o := range x.all {
 			x.label(o)
 		}
@@ -125,7 +112,7 @@ func (x *objectIndex) rarest(sel labels.Selector) (labelPair, bool) {
 	var best labelPair
 	n := -1
 	for _, p := range equalities(sel) {
-		if c := len(x.byLabel[p]); n < 0 || c < n {
+		if c := x.byLabel.len(p); n < 0 || c < n {
 			best, n = p, c
 		}
 	}
@@ -143,9 +130,7 @@ func (x *objectIndex) list(namespace string, sel labels.Selector, by labelPair, 
 		}
 	}
 	if indexed {
-		for o := range x.byLabel[by] {
-			match(o)
-		}
+		x.byLabel.each(by, match)
 	} else {
 		for _, o := range x.all {
 			match(o)
@@ -162,35 +147,14 @@ func (x *objectIndex) list(namespace string, sel labels.Selector, by labelPair, 
 // selector was indexed by (dep.by), or in scan if it has none; and by the
 // names each list returned.
 type depIndex struct {
-	byLabel map[labelPair]map[*target]struct{}
+	byLabel multimap[labelPair, *target]
 	scan    map[*target]struct{}
-	byName  map[string]map[*target]struct{}
-}
-
-func addTo[K comparable](m *map[K]map[*target]struct{}, k K, t *target) {
-	if *m == nil {
-		*m = map[K]map[*target]struct{}{}
-	}
-	s := (*m)[k]
-	if s == nil {
-		s = map[*target]struct{}{}
-		(*m)[k] = s
-	}
-	s[t] = struct{}{}
-}
-
-func removeFrom[K comparable](m map[K]map[*target]struct{}, k K, t *target) {
-	if s := m[k]; s != nil {
-		delete(s, t)
-		if len(s) == 0 {
-			delete(m, k)
-		}
-	}
+	byName  multimap[string, *target]
 }
 
 func (x *depIndex) add(t *target, d dep) {
 	if d.indexed {
-		addTo(&x.byLabel, d.by, t)
+		x.byLabel.add(d.by, t)
 	} else {
 		if x.scan == nil {
 			x.scan = map[*target]struct{}{}
@@ -198,7 +162,7 @@ func (x *depIndex) add(t *target, d dep) {
 		x.scan[t] = struct{}{}
 	}
 	for n := range d.names {
-		addTo(&x.byName, n, t)
+		x.byName.add(n, t)
 	}
 }
 
@@ -206,12 +170,12 @@ func (x *depIndex) add(t *target, d dep) {
 // (setDeps), as they may share entries.
 func (x *depIndex) remove(t *target, d dep) {
 	if d.indexed {
-		removeFrom(x.byLabel, d.by, t)
+		x.byLabel.remove(d.by, t)
 	} else {
 		delete(x.scan, t)
 	}
 	for n := range d.names {
-		removeFrom(x.byName, n, t)
+		x.byName.remove(n, t)
 	}
 }
 
@@ -219,18 +183,14 @@ func (x *depIndex) remove(t *target, d dep) {
 // status came from a list on f that returned o or that o matches:
 // t.lists(f, o).
 func (x *depIndex) listers(f *feed, o *cache.Object, fn func(*target)) {
-	for t := range x.byName[o.Name] {
-		fn(t) // o was in one of t's lists: t.lists(f, o)
-	}
+	x.byName.each(o.Name, fn) // o was in one of their lists: t.lists(f, o)
 	check := func(t *target) {
-		if _, listed := x.byName[o.Name][t]; !listed && t.lists(f, o) {
+		if !x.byName.has(o.Name, t) && t.lists(f, o) {
 			fn(t)
 		}
 	}
 	for k, v := range o.Labels {
-		for t := range x.byLabel[labelPair{k, v}] {
-			check(t)
-		}
+		x.byLabel.each(labelPair{k, v}, check)
 	}
 	for t := range x.scan {
 		check(t)
@@ -257,4 +217,83 @@ func sameIndex(a, b []dep) bool {
 	return slices.EqualFunc(a, b, func(x, y dep) bool {
 		return x.feed == y.feed && x.indexed == y.indexed && x.by == y.by && maps.Equal(x.names, y.names)
 	})
+}
+
+// multimap is a set of values per key. Most of the indexes' keys have one
+// value (a label or name of one object, or one target's): that costs an
+// entry, without a map of its own.
+type multimap[K comparable, V comparable] map[K]valueSet[V]
+
+type valueSet[V comparable] struct {
+	one  V              // the value, if more is nil
+	more map[V]struct{} // the values, if there were several
+}
+
+func (m *multimap[K, V]) add(k K, v V) {
+	if *m == nil {
+		*m = multimap[K, V]{}
+	}
+	s, ok := (*m)[k]
+	switch {
+	case !ok:
+		s.one = v
+	case s.more != nil:
+		s.more[v] = struct{}{}
+	case s.one != v:
+		s.more = map[V]struct{}{s.one: {}, v: {}}
+	}
+	(*m)[k] = s
+}
+
+func (m multimap[K, V]) remove(k K, v V) {
+	s, ok := m[k]
+	switch {
+	case !ok:
+	case s.more == nil:
+		if s.one == v {
+			delete(m, k)
+		}
+	default:
+		delete(s.more, v)
+		if len(s.more) == 0 {
+			delete(m, k)
+		}
+	}
+}
+
+func (m multimap[K, V]) len(k K) int {
+	s, ok := m[k]
+	switch {
+	case !ok:
+		return 0
+	case s.more == nil:
+		return 1
+	}
+	return len(s.more)
+}
+
+func (m multimap[K, V]) has(k K, v V) bool {
+	s, ok := m[k]
+	if !ok {
+		return false
+	}
+	if s.more == nil {
+		return s.one == v
+	}
+	_, in := s.more[v]
+	return in
+}
+
+// each calls fn for each value of k; fn must not change m.
+func (m multimap[K, V]) each(k K, fn func(V)) {
+	s, ok := m[k]
+	switch {
+	case !ok:
+	case s.more == nil:
+		fn(s.one)
+	default:
+		for v := range s.more {
+			fn(v)
+		}
+	}
 }

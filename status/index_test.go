@@ -178,11 +178,17 @@ func TestDepIndexFindsEveryLister(t *testing.T) {
 // indexed reports whether f's depIndex refers to t.
 func indexed(f *feed, t *target) bool {
 	x := f.listers
-	for _, s := range [][]map[*target]struct{}{slices.Collect(maps.Values(x.byLabel)), slices.Collect(maps.Values(x.byName)), {x.scan}} {
-		for _, m := range s {
-			if _, ok := m[t]; ok {
-				return true
-			}
+	if _, ok := x.scan[t]; ok {
+		return true
+	}
+	for p := range x.byLabel {
+		if x.byLabel.has(p, t) {
+			return true
+		}
+	}
+	for n := range x.byName {
+		if x.byName.has(n, t) {
+			return true
 		}
 	}
 	return false

@@ -41,6 +41,17 @@ var generated = map[schema.GroupKind][]schema.GroupKind{
 	jobGK:                                {podGK},
 }
 
+// listedKinds are the kinds in generated: the only ones the readers list.
+var listedKinds = func() map[schema.GroupKind]bool {
+	out := map[schema.GroupKind]bool{}
+	for _, gks := range generated {
+		for _, gk := range gks {
+			out[gk] = true
+		}
+	}
+	return out
+}()
+
 // newReader returns cli-utils' default status readers plus one that lists
 // the Pods of DaemonSets and Jobs as their generated resources. The
 // readers of kinds that generate Pods read each generated Pod's status
