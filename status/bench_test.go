@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -153,6 +154,14 @@ func benchPod(name string, labels map[string]string, ready bool) *unstructured.U
 	return u
 }
 
+// heapInUse is the live heap, in bytes, after a garbage collection.
+func heapInUse() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
+
 // processCPU is the process's user+system CPU time so far, in ns.
 func processCPU(b *testing.B) int64 {
 	var ru syscall.Rusage
@@ -166,7 +175,8 @@ func processCPU(b *testing.B) int64 {
 // when a Watch asks about D Deployments of one namespace (an applier's),
 // each with its ReplicaSet and one Pod: each op changes one Pod's
 // readiness and waits for its Deployment's new status. cpu-ns/op should
-// not grow with D.
+// not grow with D. engine-B/deployment is the heap the engine and the
+// Watch hold once synced (statuses, indexes, feeds), per Deployment.
 func BenchmarkPodEventAmongDeployments(b *testing.B) {
 	for _, d := range []int{100, 1000, 5000} {
 		b.Run(fmt.Sprintf("D=%d", d), func(b *testing.B) {
@@ -184,6 +194,7 @@ func BenchmarkPodEventAmongDeployments(b *testing.B) {
 				src.put(b, benchPod(name+"-h1-x", l, true))
 				ids[i], labels[i] = id(deploymentGK, "ns", name), l
 			}
+			heap := heapInUse()
 			e := newEngine(Options{}, src)
 			b.Cleanup(e.Close)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -205,6 +216,7 @@ func BenchmarkPodEventAmongDeployments(b *testing.B) {
 				}
 				synced = batch.Synced
 			}
+			held := float64(heapInUse()-heap) / float64(d)
 			ready := make([]bool, d)
 			for i := range ready {
 				ready[i] = true
@@ -222,6 +234,7 @@ func BenchmarkPodEventAmongDeployments(b *testing.B) {
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(processCPU(b)-cpu)/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(held, "engine-B/deployment")
 		})
 	}
 }
