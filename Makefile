@@ -43,9 +43,13 @@ controlplane: ## Build the test control plane (cached outside the clone; ~15 min
 promtool: ## Build promtool, which checks and unit-tests the alerts (cached outside the clone; a few minutes cold).
 	@hack/monitoring/build.sh >/dev/null
 
+.PHONY: helm
+helm: ## Build helm (v4), which renders and installs the chart in the tests (cached outside the clone); prints its path.
+	@echo "$$(hack/helm/build.sh)/helm"
+
 .PHONY: test
-test: controlplane promtool ## Run every test (unit and e2e) with -race, then each fuzz target briefly; builds the control plane and promtool if needed.
-	INFORMERD_PROMTOOL="$$(hack/monitoring/build.sh 2>/dev/null)/promtool" $(GO) test -race -count=1 -timeout=30m $(TEST_FLAGS) ./...
+test: controlplane promtool helm ## Run every test (unit and e2e) with -race, then each fuzz target briefly; builds the control plane, promtool and helm if needed.
+	INFORMERD_PROMTOOL="$$(hack/monitoring/build.sh 2>/dev/null)/promtool" INFORMERD_HELM="$$(hack/helm/build.sh 2>/dev/null)/helm" $(GO) test -race -count=1 -timeout=30m $(TEST_FLAGS) ./...
 	cd hack/plot && $(GO) test -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz
 
@@ -79,8 +83,8 @@ test-unit: ## Run the unit tests only (no control plane).
 	$(GO) test -race -count=1 $(TEST_FLAGS) $$($(GO) list ./... | grep -v /test/e2e)
 
 .PHONY: test-e2e
-test-e2e: controlplane ## Run the e2e tests matching E2E_RUN against a fresh control plane.
-	$(GO) test -race -count=1 -timeout=30m -run '$(E2E_RUN)' -v $(TEST_FLAGS) ./test/e2e/...
+test-e2e: controlplane helm ## Run the e2e tests matching E2E_RUN against a fresh control plane.
+	INFORMERD_HELM="$$(hack/helm/build.sh 2>/dev/null)/helm" $(GO) test -race -count=1 -timeout=30m -run '$(E2E_RUN)' -v $(TEST_FLAGS) ./test/e2e/...
 
 # CLUSTER_FLAGS, e.g. CLUSTER_FLAGS="-apiserver-port 6443".
 CLUSTER_FLAGS ?=

@@ -35,13 +35,16 @@ import (
 // The deployed daemon's identity: deploy/base's namespace and ServiceAccount.
 const (
 	deployNamespace = "informerd"
-	deployUser      = "system:serviceaccount:informerd:informerd"
-	exampleNS       = "informerd-example"
-	exampleSA       = "configmap-watcher"
+	// helmNamespace is where TestDeploy installs the chart: not deploy/'s,
+	// so that the audit log tells the two installations apart.
+	helmNamespace = "informerd-helm"
+	exampleNS     = "informerd-example"
+	exampleSA     = "configmap-watcher"
 )
 
 // auditLog is the API server's audit log of the requests of every
-// ServiceAccount in deploy/'s namespace (that is, of the deployed daemon),
+// ServiceAccount in deploy/'s and the chart's namespaces (that is, of the
+// deployed daemons),
 // and nothing else: TestDeploy reads what the daemon did from it.
 type auditLog struct {
 	dir   string
@@ -60,7 +63,7 @@ kind: Policy
 omitStages: [RequestReceived]
 rules:
   - level: Metadata
-    userGroups: ["system:serviceaccounts:` + deployNamespace + `"]
+    userGroups: ["system:serviceaccounts:` + deployNamespace + `", "system:serviceaccounts:` + helmNamespace + `"]
   # Every watch, for upstreamWatches.
   - level: Metadata
     verbs: ["watch"]
@@ -140,47 +143,37 @@ func (a *auditLog) audited(t *testing.T, user string) (allowed map[access]bool, 
 	return allowed, refused
 }
 
-// TestDeploy deploys deploy/ for real (kubectl apply -k --server-side) and
-// runs informerd with the deployed ServiceAccount's credentials:
-//   - deploy/'s objects are accepted by the API server, with its TLS
-//     overlay (server-side dry run) and the example client; the
-//     DaemonSet's pod is scheduled onto the fake node and runs (kwok), as
-//     does the example client's;
-//   - the informerd binary, with a token of the deployed ServiceAccount
-//     bound to the DaemonSet's pod (what the kubelet projects) and
-//     -node-name of that pod's node, serves the example client's identity
-//     (a token bound to its pod, with informerd's audience) what its Role
-//     allows and refuses it the rest; the example client's own command
-//     line (informerctl watch, from its Deployment) prints its namespace's
-//     ConfigMap; and it serves a client of its own every
-//     resource the ClusterRole names, in every namespace;
-//   - the shipped RBAC is enough and nothing in it is unused: the API
-//     server's audit log shows every verb on every resource of every rule
-//     of the applied ClusterRole used by the daemon, and nothing it asked
-//     refused; the daemon logged no "forbidden". The verb list is used
-//     by a second daemon with -disable-watch-list (informerd's fallback
-//     when the API server refuses WatchList), watch by both.
+// TestDeploy installs informerd for real, as operators do, and checks each
+// installation the same way (checkDeployed): first deploy/ with kustomize
+// (kubectl apply -k --server-side), then, once that is deleted, the Helm
+// chart deploy/helm/informerd (helm install, into namespace
+// informerd-helm, so that the audit log tells the two daemons' requests
+// apart; TestHelmChartMatchesKustomize in deploy/ shows that the chart
+// renders deploy/'s objects). Both with TLS are accepted by the API server
+// (server-side dry runs: overlays/node-ip, the chart with tls.enabled).
+// The example client (deploy/examples/client) is applied once.
 func TestDeploy(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	bin, err := controlplane.BinDir(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin := kubernetes.NewForConfigOrDie(env.RESTConfig())
 	_, self, _, _ := runtime.Caller(0)
 	deploy := filepath.Join(filepath.Dir(self), "..", "..", "deploy")
-	kubectl := func(args ...string) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // cleanups too
+	command := func(name string, args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // cleanups too
 		defer cancel()
-		out, err := exec.CommandContext(ctx, filepath.Join(bin, "kubectl"), append([]string{"--kubeconfig", env.KubeconfigPath}, args...)...).CombinedOutput()
+		out, err := exec.CommandContext(ctx, name, append([]string{"--kubeconfig", env.KubeconfigPath}, args...)...).CombinedOutput()
 		if err != nil {
-			return string(out), fmt.Errorf("kubectl %v: %w\n%s", args, err, out)
+			return string(out), fmt.Errorf("%s %v: %w\n%s", filepath.Base(name), args, err, out)
 		}
 		return string(out), nil
 	}
-	must := func(out string, err error) string {
+	kubectl := func(args ...string) (string, error) { return command(filepath.Join(bin, "kubectl"), args...) }
+	must := func(t *testing.T, tool func(...string) (string, error), args ...string) string {
 		t.Helper()
+		out, err := tool(args...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -190,7 +183,7 @@ func TestDeploy(t *testing.T) {
 	// What the manifests must say, whatever an operator changes around it.
 	rendered := map[string]string{}
 	for _, dir := range []string{".", "overlays/node-ip", "examples/client"} {
-		rendered[dir] = must(kubectl("kustomize", filepath.Join(deploy, dir)))
+		rendered[dir] = must(t, kubectl, "kustomize", filepath.Join(deploy, dir))
 	}
 	for _, tt := range []struct{ dir, want string }{
 		{".", "-node-name=$(NODE_NAME)"},
@@ -217,22 +210,84 @@ func TestDeploy(t *testing.T) {
 		}
 	}
 
-	must(kubectl("apply", "--server-side", "-k", deploy))
+	example := filepath.Join(deploy, "examples", "client")
+	must(t, kubectl, "apply", "--server-side", "-k", example)
 	t.Cleanup(func() {
-		for _, dir := range []string{filepath.Join(deploy, "examples", "client"), deploy} {
-			if out, err := kubectl("delete", "--ignore-not-found", "--wait=false", "-k", dir); err != nil {
-				t.Logf("cleanup: %v\n%s", err, out)
-			}
+		if out, err := kubectl("delete", "--ignore-not-found", "--wait=false", "-k", example); err != nil {
+			t.Logf("cleanup: %v\n%s", err, out)
 		}
 	})
-	must(kubectl("apply", "--server-side", "--dry-run=server", "-k", filepath.Join(deploy, "overlays", "node-ip")))
-	must(kubectl("apply", "--server-side", "-k", filepath.Join(deploy, "examples", "client")))
-	daemonPod := runningPod(ctx, t, admin, deployNamespace, "app.kubernetes.io/name=informerd")
+
+	t.Run("kustomize", func(t *testing.T) {
+		must(t, kubectl, "apply", "--server-side", "-k", deploy)
+		// Its cluster-scoped objects (the RBAC) are gone when this returns,
+		// before the chart creates its own of the same names.
+		t.Cleanup(func() {
+			if out, err := kubectl("delete", "--ignore-not-found", "--wait=false", "-k", deploy); err != nil {
+				t.Logf("cleanup: %v\n%s", err, out)
+			}
+		})
+		must(t, kubectl, "apply", "--server-side", "--dry-run=server", "-k", filepath.Join(deploy, "overlays", "node-ip"))
+		checkDeployed(ctx, t, deployNamespace)
+	})
+	t.Run("helm", func(t *testing.T) {
+		helmBin := os.Getenv("INFORMERD_HELM")
+		if helmBin == "" {
+			t.Fatal("INFORMERD_HELM is not set: run make test-e2e (or make helm, and set it to the path it prints)")
+		}
+		helm := func(args ...string) (string, error) { return command(helmBin, args...) }
+		chart := filepath.Join(deploy, "helm", "informerd")
+		// As docs/helm.md says: helm stores the release in the namespace
+		// before it applies the chart's Namespace (which labels it).
+		must(t, helm, "install", "informerd", chart, "--namespace", helmNamespace, "--create-namespace")
+		t.Cleanup(func() {
+			if out, err := helm("uninstall", "informerd", "--namespace", helmNamespace); err != nil {
+				t.Logf("cleanup: %v\n%s", err, out)
+			}
+		})
+		must(t, helm, "upgrade", "informerd", chart, "--namespace", helmNamespace, "--dry-run=server", "--set", "tls.enabled=true")
+		checkDeployed(ctx, t, helmNamespace)
+	})
+}
+
+// checkDeployed checks informerd installed in namespace (its Namespace,
+// ServiceAccount informerd, ClusterRole informerd and DaemonSet) by
+// running the informerd binary with the deployed ServiceAccount's
+// credentials:
+//   - the namespace is labelled Pod Security privileged; the DaemonSet's
+//     pod is scheduled onto the fake node and runs (kwok)
+//     as the non-root user with no capability, after the root init step
+//     that prepares the socket's directory (checkNonRoot), as does the
+//     example client's;
+//   - the informerd binary, with a token of the deployed ServiceAccount
+//     bound to the DaemonSet's pod (what the kubelet projects) and
+//     -node-name of that pod's node, serves the example client's identity
+//     (a token bound to its pod, with informerd's audience) what its Role
+//     allows and refuses it the rest; the example client's own command
+//     line (informerctl watch, from its Deployment) prints its namespace's
+//     ConfigMap; and it serves a client of its own every
+//     resource the ClusterRole names, in every namespace;
+//   - the installed RBAC is enough and nothing in it is unused: the API
+//     server's audit log shows every verb on every resource of every rule
+//     of the installed ClusterRole used by the daemon, and nothing it
+//     asked refused; the daemon logged no "forbidden". The verb list is
+//     used by a second daemon with -disable-watch-list (informerd's
+//     fallback when the API server refuses WatchList), watch by both.
+func checkDeployed(ctx context.Context, t *testing.T, namespace string) {
+	admin := kubernetes.NewForConfigOrDie(env.RESTConfig())
+	ns, err := admin.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Errorf("namespace %s has labels %v, want Pod Security privileged (the daemon mounts a hostPath)", namespace, ns.Labels)
+	}
+	daemonPod := runningPod(ctx, t, admin, namespace, "app.kubernetes.io/name=informerd")
 	clientPod := runningPod(ctx, t, admin, exampleNS, "app.kubernetes.io/name="+exampleSA)
 	checkNonRoot(t, daemonPod)
 
 	// The daemon's credentials: what the kubelet projects into its pod.
-	token, err := controlplane.PodToken(ctx, admin, deployNamespace, "informerd", daemonPod.Name)
+	token, err := controlplane.PodToken(ctx, admin, namespace, "informerd", daemonPod.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,14 +311,15 @@ func TestDeploy(t *testing.T) {
 		t.Fatal(err)
 	}
 	configMaps := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
-	createConfigMap(ctx, t, exampleNS, "deployed", map[string]string{"k": "v"})
+	name := "deployed-by-" + namespace // one per installation
+	createConfigMap(ctx, t, exampleNS, name, map[string]string{"k": "v"})
 	example := dialWith(t, daemons[0].socket, client.WithToken(exampleToken))
 	got := openStream(ctx, t, example, client.WatchOptions{Resource: configMaps, Namespace: exampleNS}, "").
 		until(ctx, t, "the example client's ConfigMaps", isType(informerdv1.EventType_EVENT_TYPE_SYNCED))
-	if !strings.Contains(describe(got), "ADDED "+exampleNS+"/deployed") {
+	if !strings.Contains(describe(got), "ADDED "+exampleNS+"/"+name) {
 		t.Fatalf("the example client got %s; want its namespace's ConfigMap", describe(got))
 	}
-	runExampleClient(ctx, t, admin, clientPod, daemons[0].socket, exampleToken, "deployed")
+	runExampleClient(ctx, t, admin, clientPod, daemons[0].socket, exampleToken, name)
 	exampleUser := "system:serviceaccount:" + exampleNS + ":" + exampleSA
 	for _, tt := range []struct {
 		opts client.WatchOptions
@@ -347,7 +403,7 @@ func TestDeploy(t *testing.T) {
 	auditCtx, cancelAudit := context.WithTimeout(ctx, 15*time.Second)
 	defer cancelAudit()
 	err = waitFor(auditCtx, func() bool {
-		allowed, refused = deployAudit.audited(t, deployUser)
+		allowed, refused = deployAudit.audited(t, "system:serviceaccount:"+namespace+":informerd")
 		unused = unused[:0]
 		for _, a := range want {
 			if !allowed[a] {
