@@ -86,7 +86,7 @@ func startSummarizer(ctx context.Context, t *testing.T, cfg *rest.Config, ns, na
 		t.Fatal(err)
 	}
 	skip := true
-	err = ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named(name+"-"+strings.ReplaceAll(ns, "-", "")).
+	err = ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named(name + "-" + strings.ReplaceAll(ns, "-", "")).
 		WithOptions(controller.Options{SkipNameValidation: &skip}).
 		Complete(&summarizer{c: mgr.GetClient(), ns: ns, summary: summaryPrefix + name})
 	if err != nil {
