@@ -29,6 +29,9 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
+	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
+	crclient "sigs.k8s.io/controller-runtime/pkg/client"
+
 	"github.com/informerd/informerd/client"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
@@ -40,9 +43,18 @@ const (
 	modeNoStore     = "shared-nostore" // informerd's client.Stream, no store
 	modeDirectTyped = "direct-typed"   // a client-go typed informer (protobuf) per resource
 	modeSharedTyped = "shared-typed"   // typed informers on informerd's ListerWatcher, protobuf
+	// The same typed informers as direct-typed, unmodified, over
+	// client.WrapConfig of the same config.
+	modeWrappedTyped = "wrapped-typed"
+	modeDirectCtrl   = "direct-ctrl"  // a controller-runtime cache's informers
+	modeWrappedCtrl  = "wrapped-ctrl" // the same over client.WrapConfig
 )
 
-var modes = []string{modeDirect, modeStore, modeNoStore, modeDirectTyped, modeSharedTyped}
+var modes = []string{modeDirect, modeStore, modeNoStore, modeDirectTyped, modeSharedTyped, modeWrappedTyped, modeDirectCtrl, modeWrappedCtrl}
+
+// wrapped reports whether mode reads through client.WrapConfig: it needs
+// an informerd token and one for the API server.
+func wrapped(mode string) bool { return strings.HasPrefix(mode, "wrapped") }
 
 // stampAnnotation carries the UnixNano time at which the writer sent an
 // update; clients compute delivery latency from it.
@@ -139,6 +151,54 @@ func directConfig(kubeconfig, tokenFile string) (*rest.Config, error) {
 	return cfg, nil
 }
 
+// modeConfig is the rest.Config of a direct or wrapped mode: the same
+// config, wrapped with client.WrapConfig over the daemon at socket for the
+// wrapped modes.
+func modeConfig(mode, kubeconfig, socket, tokenFile, apiTokenFile, name string) (*rest.Config, error) {
+	if !wrapped(mode) {
+		return directConfig(kubeconfig, tokenFile)
+	}
+	cfg, err := directConfig(kubeconfig, apiTokenFile)
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.Dial(socket, client.WithTokenFile(tokenFile))
+	if err != nil {
+		return nil, err
+	}
+	return client.WrapConfig(cfg, c, client.WrapOptions{ClientName: name}), nil
+}
+
+// runCtrlCache runs a controller-runtime cache of ConfigMaps and Pods in
+// namespace, as a controller-runtime manager does, with rec's handler on
+// its informers (wg tracks it); the channel closes once they have synced.
+func runCtrlCache(ctx context.Context, wg *sync.WaitGroup, cfg *rest.Config, namespace string, rec *recorder, runErr chan<- error) (<-chan struct{}, error) {
+	crc, err := crcache.New(cfg, crcache.Options{DefaultNamespaces: map[string]crcache.Config{namespace: {}}})
+	if err != nil {
+		return nil, err
+	}
+	for _, obj := range []crclient.Object{&corev1.ConfigMap{}, &corev1.Pod{}} {
+		inf, err := crc.GetInformer(ctx, obj, crcache.BlockUntilSynced(false))
+		if err != nil {
+			return nil, err
+		}
+		if _, err := inf.AddEventHandler(handler(rec)); err != nil {
+			return nil, err
+		}
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); runErr <- crc.Start(ctx) }() // ends with ctx
+	ch := make(chan struct{})
+	wg.Add(1)
+	go func() { // ends when the cache syncs or ctx ends
+		defer wg.Done()
+		if crc.WaitForCacheSync(ctx) {
+			close(ch)
+		}
+	}()
+	return ch, nil
+}
+
 // runClient is the client role: watch the resources in namespace in the
 // given mode, print "synced" once every resource is synced, and, once
 // stdin closes, wait for the expected updates (or the timeout) and print a
@@ -148,7 +208,8 @@ func runClient(args []string) error {
 	mode := fs.String("mode", modeDirect, "direct, shared-store or shared-nostore")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig (direct mode)")
 	socket := fs.String("socket", "", "informerd socket (shared modes)")
-	tokenFile := fs.String("token-file", "", "the client's ServiceAccount token: for informerd's audience (shared modes) or the API server's (direct modes)")
+	tokenFile := fs.String("token-file", "", "the client's ServiceAccount token: for informerd's audience (shared and wrapped modes) or the API server's (direct modes)")
+	apiTokenFile := fs.String("api-token-file", "", "the client's ServiceAccount token for the API server (wrapped modes)")
 	namespace := fs.String("namespace", "", "namespace to watch")
 	name := fs.String("name", "bench", "client name")
 	want := fs.Int("updates", 0, "stamped updates to wait for after stdin closes")
@@ -188,8 +249,8 @@ func runClient(args []string) error {
 		if synced, err = runInformers(ctx, &wg, infs, rec); err != nil {
 			return err
 		}
-	case modeDirectTyped:
-		cfg, err := directConfig(*kubeconfig, *tokenFile)
+	case modeDirectTyped, modeWrappedTyped:
+		cfg, err := modeConfig(*mode, *kubeconfig, *socket, *tokenFile, *apiTokenFile, *name)
 		if err != nil {
 			return err
 		}
@@ -201,6 +262,14 @@ func runClient(args []string) error {
 		f := informers.NewSharedInformerFactoryWithOptions(kc, 0, informers.WithNamespace(*namespace))
 		infs := []cache.SharedIndexInformer{f.Core().V1().ConfigMaps().Informer(), f.Core().V1().Pods().Informer()}
 		if synced, err = runInformers(ctx, &wg, infs, rec); err != nil {
+			return err
+		}
+	case modeDirectCtrl, modeWrappedCtrl:
+		cfg, err := modeConfig(*mode, *kubeconfig, *socket, *tokenFile, *apiTokenFile, *name)
+		if err != nil {
+			return err
+		}
+		if synced, err = runCtrlCache(ctx, &wg, cfg, *namespace, rec, runErr); err != nil {
 			return err
 		}
 	case modeSharedTyped:

@@ -319,12 +319,23 @@ func (h *harness) runOnce(ctx context.Context, mode string, n int) (runResult, e
 			}
 		}
 	}()
+	if wrapped(mode) {
+		args = append(args, "-kubeconfig", h.cp.KubeconfigPath)
+	}
 	for i := range procs {
 		token, err := h.tokenFile(ctx, clientName(i), audience)
 		if err != nil {
 			return r, err
 		}
-		if procs[i], err = startClient(ctx, h.self, append(args, "-name", clientName(i), "-token-file", token)); err != nil {
+		pargs := append(slices.Clip(args), "-name", clientName(i), "-token-file", token)
+		if wrapped(mode) {
+			apiToken, err := h.tokenFile(ctx, clientName(i), "")
+			if err != nil {
+				return r, err
+			}
+			pargs = append(pargs, "-api-token-file", apiToken)
+		}
+		if procs[i], err = startClient(ctx, h.self, pargs); err != nil {
 			return r, err
 		}
 	}

@@ -47,6 +47,12 @@ func (r *report) summarize() {
 		add(fmt.Sprintf("API server CPU, direct / shared, N=%d", maxN), "> 1", d.APIServerCPUSeconds/s.APIServerCPUSeconds,
 			d.APIServerCPUSeconds > s.APIServerCPUSeconds)
 	}
+	for _, pair := range [][2]string{{modeWrappedTyped, modeDirectTyped}, {modeWrappedCtrl, modeDirectCtrl}} {
+		if w, d := r.find(pair[0], maxN), r.find(pair[1], maxN); w != nil && d != nil && w.APIServerCPUSeconds > 0 {
+			add(fmt.Sprintf("API server CPU, %s / %s, N=%d", pair[1], pair[0], maxN), "> 1", d.APIServerCPUSeconds/w.APIServerCPUSeconds,
+				d.APIServerCPUSeconds > w.APIServerCPUSeconds)
+		}
+	}
 	if s, d := r.find(modeNoStore, maxN), r.find(modeDirect, maxN); s != nil && d != nil && d.ClientHeapPerObject > 0 {
 		add("daemon heap per object / dynamic informer heap per object", "<= 0.5",
 			s.DaemonHeapPerObject/d.ClientHeapPerObject, s.DaemonHeapPerObject <= d.ClientHeapPerObject/2)
@@ -59,7 +65,7 @@ func (r *report) summarize() {
 		if n < 10 {
 			continue
 		}
-		for _, pair := range [][2]string{{modeStore, modeDirect}, {modeNoStore, modeDirect}, {modeSharedTyped, modeDirectTyped}} {
+		for _, pair := range [][2]string{{modeStore, modeDirect}, {modeNoStore, modeDirect}, {modeSharedTyped, modeDirectTyped}, {modeWrappedTyped, modeDirectTyped}, {modeWrappedCtrl, modeDirectCtrl}} {
 			s, d := r.find(pair[0], n), r.find(pair[1], n)
 			if s != nil && d != nil && d.LatencyP99Millis > 0 {
 				ratio := s.LatencyP99Millis / d.LatencyP99Millis

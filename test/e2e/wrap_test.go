@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -204,8 +205,8 @@ func wrapCount(reg *prometheus.Registry, outcome string) float64 {
 // metadata-only informer, run once direct and once through WrapConfig with
 // no other change, hold the same objects after a scripted sequence of
 // changes, with WatchList on and off, in JSON and protobuf, across a
-// daemon that goes away mid-run (the wrapped informers fall back to the
-// API server) and comes back (new requests are served again). Every
+// daemon killed (-9) mid-run (the wrapped informers fall back to the
+// API server) and restarted (new requests are served again). Every
 // request of the wrapped informers is served or falls back: none is passed
 // through.
 func TestWrapConfigInformersMatchDirect(t *testing.T) {
@@ -226,7 +227,7 @@ func TestWrapConfigInformersMatchDirect(t *testing.T) {
 			ns := createNamespace(ctx, t, "wrap")
 			admin := kubeClient(t)
 			socket := filepath.Join(t.TempDir(), "informerd.sock")
-			d := startDaemonAt(t, socket, cache.Options{})
+			d := startDaemonProcess(t, socket)
 			cfg, c := wrapIdentity(ctx, t, socket, reads(podsGVR, ns), reads(configMaps, ns))
 			cfg.ContentType = tc.contentType
 			reg := prometheus.NewRegistry()
@@ -285,13 +286,13 @@ func TestWrapConfigInformersMatchDirect(t *testing.T) {
 			cm("cm-4", nil)
 			pod("pod-3")
 
-			d.stop() // the daemon goes away mid-run: its streams are cut
+			d.signal(syscall.SIGKILL) // the daemon goes away mid-run: its streams are cut
 			update("cm-3", "while-down")
 			del("pod", "pod-2")
 			cm("cm-5", nil)
 			eventually(ctx, t, "the wrapped informers fall back to the API server", func() bool { return wrapCount(reg, "fell_back") > 0 })
 
-			startDaemonAt(t, socket, cache.Options{}) // back
+			d.start() // back
 			update("cm-4", "after")
 			del("cm", "cm-1")
 			pod("pod-4")
