@@ -279,7 +279,7 @@ type streamWatch struct {
 	resume string
 	// held is what the receiver holds: what the List or watch this one
 	// resumes from delivered, and what this one delivered since; nil when
-	// not known (a resume point no List or watch of this Client left).
+	// not known (a resume point no List of this Client left).
 	held delivered
 	// initial: the initial events (of a WatchList, or of a watch from "")
 	// are being sent; a stream failing then ends the watch.
