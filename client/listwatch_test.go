@@ -131,20 +131,7 @@ func TestListerWatcherWatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer w.Stop()
-		var got []string
-		for e := range w.ResultChan() {
-			switch obj := e.Object.(type) {
-			case *metav1.Status:
-				got = append(got, fmt.Sprintf("%s %d", e.Type, obj.Code))
-			default:
-				m := obj.(*unstructured.Unstructured)
-				got = append(got, fmt.Sprintf("%s %s@%s", e.Type, m.GetName(), m.GetResourceVersion()))
-			}
-			if len(got) == n {
-				break
-			}
-		}
-		return got
+		return events(t, w, n)
 	}
 	if got, want := collect(metav1.ListOptions{ResourceVersion: "5", AllowWatchBookmarks: true}, 3),
 		[]string{"MODIFIED a@6", "BOOKMARK @7", "DELETED b@8"}; !slices.Equal(got, want) {
