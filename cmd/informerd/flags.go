@@ -86,7 +86,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.logMaxEvents, "log-max-events", 10000, "events each informer's log keeps once they are older than -log-min-age")
 	fs.Int64Var(&c.logMaxBytes, "log-max-bytes", 64<<20, "object bytes each informer's log may hold")
 	fs.DurationVar(&c.logMinAge, "log-min-age", 30*time.Second, "events younger than this stay in the log past -log-max-events; 0: no floor")
-	fs.DurationVar(&c.recoveryWindow, "recovery-window", 10*time.Second, "when the API server answers again after failing, informers waiting to retry it do so after a random delay within this window, instead of after their backoff (up to 30 s): size it so that nodes x informers per node / window is a re-list rate the API server can take (docs/reliability.md)")
+	fs.DurationVar(&c.recoveryWindow, "recovery-window", 10*time.Second, "when the API server answers again after failing, informers waiting to retry it do so after a random delay within this window, instead of after their backoff (up to 30 s): size it so that nodes x informers per node / window is a re-list rate the API server can take (docs/scale.md); 0: off, each informer waits out its own backoff as client-go's reflector does")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 2*time.Minute, "bound on each LIST page and on a watch that brings nothing (the API server bookmarks about every minute)")
 	fs.BoolVar(&c.keepManaged, "keep-managed-fields", false, "keep metadata.managedFields in served objects")
 	fs.BoolVar(&c.disableWatchLst, "disable-watch-list", false, "list with LIST instead of WatchList streaming")
@@ -243,8 +243,8 @@ func parseFlags(args []string) (*config, error) {
 	if c.lingerTTL <= 0 {
 		return nil, fmt.Errorf("-linger-ttl %s: must be positive", c.lingerTTL)
 	}
-	if c.recoveryWindow <= 0 {
-		return nil, fmt.Errorf("-recovery-window %s: must be positive", c.recoveryWindow)
+	if c.recoveryWindow < 0 {
+		return nil, fmt.Errorf("-recovery-window %s: must be positive, or 0 for off", c.recoveryWindow)
 	}
 	if c.upstreamTimeout <= 0 {
 		return nil, fmt.Errorf("-upstream-timeout %s: must be positive", c.upstreamTimeout)

@@ -159,7 +159,10 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 
 	// The readiness prober asks the API server in the background: /readyz
 	// never costs it a request.
-	ready := &readiness{onRecover: mgr.UpstreamRecovered}
+	ready := &readiness{}
+	if c.recoveryWindow > 0 {
+		ready.onRecover = mgr.UpstreamRecovered
+	}
 	probeCtx, stopProbe := context.WithCancel(ctx)
 	var probing sync.WaitGroup
 	probing.Add(1)

@@ -46,7 +46,7 @@ func TestParseFlagsNamesTheBadFlag(t *testing.T) {
 		{[]string{"-linger-ttl", "0s"}, "-linger-ttl"},
 		{[]string{"-log-max-events", "0"}, "-log-max-events"},
 		{[]string{"-upstream-timeout", "0s"}, "-upstream-timeout"},
-		{[]string{"-recovery-window", "0s"}, "-recovery-window"},
+		{[]string{"-recovery-window", "-1s"}, "-recovery-window"},
 		{[]string{"-log-max-bytes", "-1"}, "-log-max-bytes"},
 		{[]string{"-log-min-age", "-1s"}, "-log-min-age"},
 		{[]string{"-log-level", "loud"}, "-log-level"},

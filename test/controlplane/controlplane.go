@@ -70,6 +70,10 @@ type Options struct {
 // FakeNodeName is the name of the node that FakeNode registers.
 const FakeNodeName = "kwok-node-0"
 
+// KwokAnnotation marks the nodes kwok manages: a Node with
+// KwokAnnotation: "fake" is Ready and runs the Pods bound to it.
+const KwokAnnotation = "kwok.x-k8s.io/node"
+
 // ControlPlane is a running control plane. Stop and Logs are safe for
 // concurrent use; StopAPIServer and StartAPIServer must be called from one
 // goroutine at a time.
@@ -252,7 +256,19 @@ func (cp *ControlPlane) StopAPIServer() {
 	}
 }
 
-// StartAPIServer restarts a kube-apiserver stopped by StopAPIServer, with
+// KillAPIServer kills kube-apiserver with SIGKILL, as a crash would: no
+// graceful end of its watches. StartAPIServer starts it again.
+func (cp *ControlPlane) KillAPIServer() {
+	cp.mu.Lock()
+	p := cp.find("kube-apiserver")
+	cp.mu.Unlock()
+	if p != nil && p.cmd != nil {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// StartAPIServer restarts a kube-apiserver stopped by StopAPIServer or KillAPIServer, with
 // the same flags and port, and waits until it is ready.
 func (cp *ControlPlane) StartAPIServer(ctx context.Context) error {
 	cp.mu.Lock()

@@ -147,9 +147,6 @@ func WaitForDefaultServiceAccount(ctx context.Context, admin kubernetes.Interfac
 	})
 }
 
-// kwokAnnotation is the annotation kwok is told to select managed nodes by.
-const kwokAnnotation = "kwok.x-k8s.io/node"
-
 // startFakeNode starts kube-scheduler and kwok and registers FakeNodeName.
 func (cp *ControlPlane) startFakeNode(ctx context.Context, ports []int) error {
 	if err := cp.startProcess("kube-scheduler",
@@ -170,7 +167,7 @@ func (cp *ControlPlane) startFakeNode(ctx context.Context, ports []int) error {
 		"--kubeconfig="+cp.KubeconfigPath,
 		"--config="+filepath.Join(cp.opts.BinDir, "..", "stage", "kwok-stages.yaml"),
 		"--manage-all-nodes=false",
-		"--manage-nodes-with-annotation-selector="+kwokAnnotation+"=fake",
+		"--manage-nodes-with-annotation-selector="+KwokAnnotation+"=fake",
 		"--cidr=10.244.0.0/16",
 		"--node-ip=127.0.0.1",
 		fmt.Sprintf("--server-address=127.0.0.1:%d", ports[portKwok]),
@@ -189,7 +186,7 @@ func (cp *ControlPlane) startFakeNode(ctx context.Context, ports []int) error {
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        FakeNodeName,
-			Annotations: map[string]string{kwokAnnotation: "fake"},
+			Annotations: map[string]string{KwokAnnotation: "fake"},
 			Labels:      map[string]string{"type": "kwok", corev1.LabelHostname: FakeNodeName},
 		},
 		Status: corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
