@@ -142,6 +142,13 @@ bench-idle: controlplane build ## Daemon CPU, goroutines and memory of 1,000 idl
 	$(GO) build -o $(BIN)/bench ./test/bench
 	$(BIN)/bench idle -bin $(BIN) $(BENCH_IDLE_FLAGS)
 
+# BENCH_FLEET_FLAGS go to `bench fleet` (e.g. BENCH_FLEET_FLAGS="-k 100 -modes informerd,informerd-norecovery").
+# BENCH_QUICK=1: K = 10 only, shorter windows (a few minutes).
+.PHONY: bench-fleet
+bench-fleet: controlplane build ## K simulated nodes (10, 50, 100), each an informerd with 5 consumers, vs the same consumers direct: API server cost, rolling upgrade, API server restart (docs/scale.md).
+	$(GO) build -o $(BIN)/bench ./test/bench
+	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench fleet -bin $(BIN) $(BENCH_FLEET_FLAGS)
+
 .PHONY: bench-go
 bench-go: ## The Go benchmarks (fan-out over Unix sockets vs the raw baseline, the cache, address answers, status per Pod event) with -benchmem.
 	$(GO) test -run '^$$' -bench '$(BENCH_GO)' -benchmem -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) ./daemon ./cache ./client ./address ./status

@@ -14,6 +14,12 @@
 // streams cost the daemon: CPU, goroutines and memory while nothing
 // changes (idle.go); `bench idler ...` is the role of one process holding
 // such streams.
+//
+// `bench fleet` simulates K nodes, each with its own informerd and 5
+// local consumers, against the same consumers direct: the API server's
+// cost, a rolling upgrade of the daemons and an API server restart
+// (fleet.go); `bench fleetnodes ...` is the role of one process holding
+// some nodes' consumers (fleetnode.go).
 package main
 
 import (
@@ -48,6 +54,10 @@ func main() {
 		err = runIdleBench(os.Args[2:])
 	case len(os.Args) > 1 && os.Args[1] == "idler":
 		err = runIdler(os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "fleet":
+		err = runFleetBench(os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "fleetnodes":
+		err = runFleetNodes(os.Args[2:])
 	default:
 		err = run()
 	}
