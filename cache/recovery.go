@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/informerd/informerd/internal/backoff"
@@ -15,10 +16,23 @@ import (
 // informer comes back within the window instead of up to its grown
 // backoff (30 s) later, and the node's re-lists, like the fleet's, are
 // spread evenly over the window instead of arriving at once.
+//
+// It also records when an informer last heard from the API server
+// (Manager.UpstreamHeard), so that the readiness prober need not ask it
+// while watches show it is there.
 type recovery struct {
 	window time.Duration
+	heard  atomic.Int64 // unix nanoseconds; 0: never
 	mu     sync.Mutex
 	back   chan struct{} // closed at the next recovery, then replaced
+}
+
+// mark records that a Source heard from the API server now; a nil
+// recovery records nothing.
+func (r *recovery) mark() {
+	if r != nil {
+		r.heard.Store(time.Now().UnixNano())
+	}
 }
 
 func newRecovery(window time.Duration) *recovery {
@@ -80,4 +94,14 @@ func (s *Source) pause(ctx context.Context, bo *backoff.Backoff) error {
 func (m *Manager) UpstreamRecovered() {
 	m.log.Info("the API server is back: informers waiting to retry it do so within the recovery window", "window", m.opts.RecoveryWindow)
 	m.recovery.signal()
+}
+
+// UpstreamHeard returns when an informer last received anything from the
+// API server: a list, a watch event or a bookmark; the zero time if none
+// has.
+func (m *Manager) UpstreamHeard() time.Time {
+	if n := m.recovery.heard.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }

@@ -131,3 +131,33 @@ func TestNoRecoveryWaitsOutTheBackoff(t *testing.T) {
 		}
 	})
 }
+
+// TestHeardOnlyFromAnswers: the time an informer last heard from the API
+// server (what spares the readiness prober its request) moves with a list
+// that succeeds, never with one that fails.
+func TestHeardOnlyFromAnswers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		listed := make(chan bool, 16)
+		up := &downUpstream{down: true}
+		up.onList = func(_ int, down bool) { listed <- down }
+		cfg := testSourceConfig(LogLimits{}, time.Hour)
+		r := newRecovery(10 * time.Second)
+		cfg.recovery = r
+		s := newSource(Key{}, up, cfg)
+		s.start(t.Context())
+		defer s.stop()
+		m := &Manager{recovery: r}
+		<-listed
+		synctest.Wait()
+		if h := m.UpstreamHeard(); !h.IsZero() {
+			t.Fatalf("heard from the API server at %v after a failed list, want never", h)
+		}
+		up.setDown(false)
+		for <-listed {
+		}
+		synctest.Wait()
+		if h := m.UpstreamHeard(); !h.Equal(time.Now()) {
+			t.Fatalf("heard from the API server at %v, want now (%v), when its list succeeded", h, time.Now())
+		}
+	})
+}

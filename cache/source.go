@@ -77,7 +77,7 @@ type sourceConfig struct {
 	log            *slog.Logger
 	metrics        *metrics
 	// recovery, if not nil, cuts a backoff short when the API server is
-	// reported back.
+	// reported back, and is told whenever the Source hears from it.
 	recovery *recovery
 }
 
@@ -201,6 +201,7 @@ func (s *Source) run(ctx context.Context) error {
 				}
 				continue
 			}
+			s.cfg.recovery.mark()
 			s.publishList(objs, listRV)
 			rv, needList = listRV, false
 			bo.Reset()
@@ -284,6 +285,7 @@ func (s *Source) watch(ctx context.Context, from string, rv *string) (delivered 
 			return delivered, idleErr(err, idle)
 		}
 		touch()
+		s.cfg.recovery.mark()
 		delivered = true
 		s.publishEvent(t, obj, evRV)
 		*rv = evRV

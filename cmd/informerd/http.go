@@ -28,6 +28,9 @@ const readyzInterval = 5 * time.Second
 type readiness struct {
 	// onRecover, if set, is called when a probe succeeds after one failed.
 	onRecover func()
+	// heard, if set, returns when an informer last heard from the API
+	// server (cache.Manager.UpstreamHeard).
+	heard func() time.Time
 
 	mu      sync.Mutex // guards checked and err
 	checked bool
@@ -41,7 +44,7 @@ func (r *readiness) run(ctx context.Context, cfg *rest.Config, interval time.Dur
 	defer t.Stop()
 	for {
 		if err == nil {
-			r.probe(ctx, kube)
+			r.tick(ctx, kube, interval)
 		} else {
 			r.set(err)
 		}
@@ -51,6 +54,21 @@ func (r *readiness) run(ctx context.Context, cfg *rest.Config, interval time.Dur
 		case <-t.C:
 		}
 	}
+}
+
+// tick probes the API server, unless the last probe reached it and an
+// informer has heard from it within interval since: its watches show it is
+// there, and a fleet of daemons then costs the API server no probes (5,000
+// nodes probing every 5 s would be 1,000 requests a second). An API server
+// gone quiet is probed within two intervals; a failing one at every tick.
+func (r *readiness) tick(ctx context.Context, kube kubernetes.Interface, interval time.Duration) {
+	r.mu.Lock()
+	ok := r.checked && r.err == nil
+	r.mu.Unlock()
+	if ok && r.heard != nil && time.Since(r.heard()) < interval {
+		return
+	}
+	r.probe(ctx, kube)
 }
 
 // probe asks the API server for /version, within 2 s.

@@ -157,9 +157,10 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		listeners = append(listeners, srv.Listen(l))
 	}
 
-	// The readiness prober asks the API server in the background: /readyz
-	// never costs it a request.
-	ready := &readiness{}
+	// The readiness prober asks the API server in the background, and only
+	// when no informer has heard from it lately: /readyz never costs it a
+	// request.
+	ready := &readiness{heard: mgr.UpstreamHeard}
 	if c.recoveryWindow > 0 {
 		ready.onRecover = mgr.UpstreamRecovered
 	}

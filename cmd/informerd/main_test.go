@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
@@ -144,4 +146,38 @@ func TestAddressRelatedFlag(t *testing.T) {
 	if got := c.addressRelated.String(); got != "servers.v1beta3.policy.linkerd.io,selector=spec.podSelector,port=spec.port,field=spec.proxyProtocol,field=spec.accessPolicy" {
 		t.Fatalf("String() = %s", got)
 	}
+}
+
+// TestReadinessSkipsTheProbeWhileInformersHear: a daemon whose informers
+// hear from the API server does not probe it; one whose informers have
+// gone quiet, or whose last probe failed, does.
+func TestReadinessSkipsTheProbeWhileInformersHear(t *testing.T) {
+	var requests atomic.Int32
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
+	}))
+	defer api.Close()
+	kube := kubernetes.NewForConfigOrDie(&rest.Config{Host: api.URL})
+	heard := time.Time{}
+	r := &readiness{heard: func() time.Time { return heard }}
+	ctx := context.Background()
+	step := func(what string, want int32) {
+		t.Helper()
+		before := requests.Load()
+		r.tick(ctx, kube, time.Hour)
+		if got := requests.Load() - before; got != want {
+			t.Fatalf("%s: %d probes, want %d", what, got, want)
+		}
+	}
+	step("never probed, informers heard", 1)
+	heard = time.Now()
+	step("reachable at the last probe, informers heard since", 0)
+	step("again", 0)
+	heard = time.Now().Add(-2 * time.Hour)
+	step("informers quiet for longer than the interval", 1)
+	r.set(errors.New("unreachable"))
+	heard = time.Now()
+	step("the last probe failed, informers heard since", 1)
 }

@@ -83,6 +83,7 @@ type fleetWorkload struct {
 	SteadySeconds   float64       `json:"steadySeconds"`
 	OutageSeconds   float64       `json:"outageSeconds"`
 	WindowSeconds   float64       `json:"recoveryWindowSeconds"`
+	DaemonArgs      []string      `json:"daemonArgs,omitempty"`
 }
 
 type fleetReport struct {
@@ -157,9 +158,11 @@ func runFleetBench(args []string) error {
 	fs.DurationVar(&w.Steady, "steady", w.Steady, "the measured churn window with every consumer synced")
 	fs.DurationVar(&w.Outage, "outage", w.Outage, "how long the API server stays down after its kill -9")
 	fs.DurationVar(&w.RecoveryWindow, "recovery-window", w.RecoveryWindow, "the daemons' -recovery-window in mode informerd")
+	daemonArgs := fs.String("daemon-args", "", "extra informerd flags, space-separated (e.g. -scope=namespace)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	w.DaemonArgs = strings.Fields(*daemonArgs)
 	var err error
 	if w.Ks, err = parseInts(*ks); err != nil {
 		return fmt.Errorf("-k: %w", err)
@@ -514,8 +517,8 @@ func (f *fleet) startDaemon(ctx context.Context, k int) error {
 	if f.mode == fleetNoRecovery {
 		window = 0
 	}
-	d, err := startDaemon(ctx, f.h.informerd, f.h.daemonKubeconfig(), "-socket", f.socket(k), "-node-name", fleetNodeName(k),
-		"-recovery-window", window.String(), "-log-level", "error")
+	args := append([]string{"-socket", f.socket(k), "-node-name", fleetNodeName(k), "-recovery-window", window.String(), "-log-level", "error"}, f.h.w.DaemonArgs...)
+	d, err := startDaemon(ctx, f.h.informerd, f.h.daemonKubeconfig(), args...)
 	if err != nil {
 		return err
 	}
