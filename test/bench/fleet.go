@@ -201,7 +201,11 @@ func runFleetBench(args []string) error {
 	if err := h.populate(ctx); err != nil {
 		return err
 	}
-	rep := fleetReport{Machine: describeMachine(cp), Workload: w, Command: makeCommand(map[bool]string{false: "make bench-fleet", true: "make bench-fleet BENCH_QUICK=1"}[quick], "BENCH_FLEET_FLAGS", args)}
+	cmd := "make bench-fleet"
+	if quick {
+		cmd += " BENCH_QUICK=1"
+	}
+	rep := fleetReport{Machine: describeMachine(cp), Workload: w, Command: makeCommand(cmd, "BENCH_FLEET_FLAGS", args)}
 	for _, k := range w.Ks {
 		for _, mode := range w.Modes {
 			say("fleet run: %s, %d nodes", mode, k)
@@ -645,7 +649,7 @@ func (f *fleet) steady(ctx context.Context, r *fleetRun) error {
 }
 
 // churn writes at the workload's rate until the returned function is
-// called, which returns the first write error.
+// called (again: a no-op), which returns the first write error.
 func (h *fleetHarness) churn(ctx context.Context) func() error {
 	ctx, cancel := context.WithCancel(ctx)
 	g, gctx := errgroup.WithContext(ctx)
@@ -907,8 +911,8 @@ func mapDiff(a, b map[string]string) int {
 	return n
 }
 
-// sampler records the API server's request rate and CPU every second
-// until stopped.
+// sampler records the API server's peak request rate and CPU, over 1 s
+// samples, until stop (idempotent) returns; read the peaks after it.
 type sampler struct {
 	peakReq, peakLists, peakCPU float64
 	stop                        func()
@@ -958,7 +962,9 @@ func (f *fleet) upgrade(ctx context.Context) (*fleetDisruption, error) {
 		return nil, err
 	}
 	s := h.sample(ctx)
+	defer s.stop()
 	churn := h.churn(ctx)
+	defer churn()
 	start := time.Now()
 	wave := max(1, f.k/10)
 	var catchUps []float64
@@ -969,30 +975,23 @@ func (f *fleet) upgrade(ctx context.Context) (*fleetDisruption, error) {
 		}
 		t0 := time.Now()
 		if err := f.restartNodes(ctx, nodes); err != nil {
-			churn()
-			s.stop()
 			return nil, err
 		}
 		probes, err := h.probe(ctx, nodes)
 		if err != nil {
-			churn()
-			s.stop()
 			return nil, err
 		}
 		latest, err := f.seen(ctx, nodes, probes)
 		if err != nil {
-			churn()
-			s.stop()
 			return nil, err
 		}
 		catchUps = append(catchUps, latest.Sub(t0).Seconds())
 	}
 	d.Seconds = time.Since(start).Seconds()
-	err = churn()
-	s.stop()
-	if err != nil {
+	if err := churn(); err != nil {
 		return nil, err
 	}
+	s.stop()
 	after, err := h.apiMetrics(ctx)
 	if err != nil {
 		return nil, err
@@ -1052,18 +1051,17 @@ func (f *fleet) restartAPIServer(ctx context.Context) (*fleetDisruption, error) 
 		return nil, err
 	}
 	s := h.sample(ctx)
+	defer s.stop()
 	all := make([]int, f.k)
 	for k := range all {
 		all[k] = k
 	}
 	probes, err := h.probe(ctx, all)
 	if err != nil {
-		s.stop()
 		return nil, err
 	}
 	latest, err := f.seen(ctx, all, probes)
 	if err != nil {
-		s.stop()
 		return nil, err
 	}
 	d.Seconds = latest.Sub(t0).Seconds()
@@ -1071,7 +1069,6 @@ func (f *fleet) restartAPIServer(ctx context.Context) (*fleetDisruption, error) 
 	// The re-lists keep coming within the recovery window after the
 	// probes are seen: sample until it has passed.
 	if err := sleep(ctx, max(0, h.w.RecoveryWindow+5*time.Second-time.Since(t0))); err != nil {
-		s.stop()
 		return nil, err
 	}
 	s.stop()
