@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -536,10 +537,39 @@ func waitWatchesGone(ctx context.Context, admin *kubernetes.Clientset, baseline 
 // daemon is one informerd process.
 type daemon struct {
 	cmd     *exec.Cmd
+	exited  chan struct{} // closed when cmd has ended
 	dir     string
 	socket  string
 	metrics string
 	once    sync.Once
+}
+
+// metricsPorts hands out the daemons' metrics ports below the kernel's
+// ephemeral range (32768 and up), which the harness's and the clients'
+// outgoing connections take from: a port found free there and handed to a
+// daemon a moment later may be an outgoing connection's by then (bench
+// fleet starts a hundred daemons beside hundreds of connections).
+var metricsPorts struct {
+	sync.Mutex
+	next int
+}
+
+func freeMetricsAddress() (string, error) {
+	metricsPorts.Lock()
+	defer metricsPorts.Unlock()
+	if metricsPorts.next == 0 {
+		metricsPorts.next = 20000 + os.Getpid()%1000*10
+	}
+	for range 2000 {
+		port := metricsPorts.next
+		metricsPorts.next = 20000 + (port-20000+1)%12000
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			l.Close()
+			return l.Addr().String(), nil
+		}
+	}
+	return "", errors.New("no free port for a daemon's metrics between 20000 and 32000")
 }
 
 // startDaemon starts informerd against kubeconfig as the benchmarks run
@@ -550,13 +580,11 @@ func startDaemon(ctx context.Context, bin, kubeconfig string, extra ...string) (
 	if err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeMetricsAddress()
 	if err != nil {
 		return nil, err
 	}
-	addr := l.Addr().String()
-	l.Close()
-	d := &daemon{dir: dir, socket: filepath.Join(dir, "informerd.sock"), metrics: "http://" + addr}
+	d := &daemon{dir: dir, socket: filepath.Join(dir, "informerd.sock"), metrics: "http://" + addr, exited: make(chan struct{})}
 	args := append([]string{"-kubeconfig", kubeconfig, "-socket", d.socket, "-metrics-address", addr, "-enable-pprof", "-log-level", "warn"}, extra...)
 	d.cmd = exec.Command(bin, args...)
 	d.cmd.Stdout, d.cmd.Stderr = os.Stderr, os.Stderr
@@ -564,7 +592,13 @@ func startDaemon(ctx context.Context, bin, kubeconfig string, extra ...string) (
 	if err := d.cmd.Start(); err != nil {
 		return nil, err
 	}
+	go func() { _ = d.cmd.Wait(); close(d.exited) }() // ends with the daemon
 	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		select {
+		case <-d.exited:
+			return false, fmt.Errorf("it exited: %s", d.cmd.ProcessState)
+		default:
+		}
 		_, err := scrape(ctx, d.metrics+"/healthz", "")
 		return err == nil, nil
 	})
@@ -603,7 +637,7 @@ func (d *daemon) heapLive(ctx context.Context, token string) (uint64, error) {
 func (d *daemon) stop() {
 	d.once.Do(func() {
 		_ = d.cmd.Process.Signal(syscall.SIGTERM)
-		_ = d.cmd.Wait()
+		<-d.exited
 		os.RemoveAll(d.dir)
 	})
 }
