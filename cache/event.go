@@ -61,12 +61,19 @@ type Object struct {
 	Data []byte
 }
 
-// MaxFrameSlots bounds the number of distinct encodings memoized per Event
-// (one per view and format the daemon serves).
-const MaxFrameSlots = 4
+// MaxFrameSlots bounds the number of distinct encodings memoized per Event:
+// one per View (a Source has one format).
+const MaxFrameSlots = int(numViews)
 
 // Event is one change to one object, or a marker. Events are immutable and
 // shared by every subscriber of a Source; do not modify one.
+//
+// What an Event memoizes (its encodings, its Added and Deleted variants)
+// costs memory only while it is in its Source's log: the log forgets them
+// when the event leaves it, and reads of the store (snapshots, catch-ups)
+// hand out copies that memoize nothing into the stored event. Memory per
+// stored object is then its bytes, its metadata and a few fixed-size
+// records, whatever the subscribers read.
 type Event struct {
 	Type   EventType
 	Object *Object // nil for markers
@@ -126,6 +133,28 @@ func (e *Event) as(t EventType) *Event {
 	}
 	slot.CompareAndSwap(nil, &Event{Type: t, Object: o, ResourceVersion: e.ResourceVersion})
 	return slot.Load()
+}
+
+// copyAs returns a new Event of type t as as(t) would, memoizing nothing
+// into e: what a read of the store sends. Encoding the copy costs what
+// encoding e would, and the encoding goes with the copy.
+func (e *Event) copyAs(t EventType) *Event {
+	o := e.Object
+	if t == Deleted && e.Type != Deleted && e.prev != nil {
+		o = e.prev.withResourceVersion(e.Object.ResourceVersion)
+	}
+	return &Event{Type: t, Object: o, ResourceVersion: e.ResourceVersion}
+}
+
+// forget drops what e memoizes, as it leaves the log. A reader encoding e
+// meanwhile may memoize once more; that costs one encoding, bounded by the
+// views, until e is forgotten again or replaced in the store.
+func (e *Event) forget() {
+	for i := range e.frames {
+		e.frames[i].Store(nil)
+	}
+	e.asAdded.Store(nil)
+	e.asDeleted.Store(nil)
 }
 
 // size is the number of object bytes e keeps alive.
@@ -193,7 +222,7 @@ func (f Filter) catchUp(c change, from mark) *Event {
 		if t.created.after(from) || !f.matches(o.Namespace, labelsAt(t.hist, o.Labels, from)) {
 			return nil // created since, or never matched: never seen
 		}
-		return t.ev
+		return t.ev.copyAs(Deleted)
 	}
 	st := c.st
 	o := st.ev.Object
@@ -201,11 +230,11 @@ func (f Filter) catchUp(c change, from mark) *Event {
 	then := !st.created.after(from) && f.matches(o.Namespace, labelsAt(st.hist, o.Labels, from))
 	switch {
 	case then && now:
-		return st.ev.as(Modified)
+		return st.ev.copyAs(Modified)
 	case now:
-		return st.ev.as(Added)
+		return st.ev.copyAs(Added)
 	case then:
-		return st.ev.as(Deleted)
+		return st.ev.copyAs(Deleted)
 	}
 	return nil
 }

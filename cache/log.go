@@ -330,6 +330,7 @@ func (l *eventLog) trim() {
 		l.bytes -= size
 		l.budget.add(-size)
 		l.base = e.at
+		e.ev.forget()
 		*e = logEntry{}
 		l.start++
 	}

@@ -65,10 +65,10 @@ func (m storeMemory) ratio() float64 { return m.heap / m.stored }
 
 // measureStore decodes n Pods from a watch body in encoding enc ("json" or
 // "protobuf") as a WatchList delivers them, installs them as a Source's
-// first list, encodes each for view as a subscriber's snapshot does (the
-// daemon keeps that encoding with the event), and, if updated, sends every
-// Pod again changed. It returns the live heap that this leaves per object
-// and the bytes stored per object.
+// first list, and has a subscriber read them in view, encoded as the
+// daemon encodes them; if updated, every Pod then changes once, and the
+// subscriber reads those events from the log. It returns the live heap
+// that this leaves per object and the bytes stored per object.
 func measureStore(tb testing.TB, n int, enc string, view View, updated bool) storeMemory {
 	tb.Helper()
 	profile := os.Getenv("INFORMERD_HEAPPROFILE")
@@ -77,18 +77,36 @@ func measureStore(tb testing.TB, n int, enc string, view View, updated bool) sto
 	}
 	before := liveHeap()
 	l := newEventLog(LogLimits{}, nil, time.Now)
-	objs := decodeWatchBody(tb, podWatchBody(tb, n, enc, 1))
+	in := newInterner()
+	objs := decodeWatchBody(tb, podWatchBody(tb, n, enc, 1), in)
 	l.reset(objs, 1000, "1000")
 	objs = nil
+	// A subscriber reads the snapshot, then follows the log.
+	for p, done := newSnapshot(l, Filter{}, false), false; !done; {
+		var evs []*Event
+		evs, done = p.read(Filter{}, 500)
+		encodeAll(evs, view)
+	}
 	if updated {
-		for i, o := range decodeWatchBody(tb, podWatchBody(tb, n, enc, 2)) {
+		at := l.last
+		for i, o := range decodeWatchBody(tb, podWatchBody(tb, n, enc, 2), in) {
 			rv := uint64(2000 + i)
 			l.append(Modified, o, rv, strconv.FormatUint(rv, 10))
+		}
+		for {
+			evs, last, ok := l.since(at, 500)
+			if !ok {
+				tb.Fatal("the subscriber fell out of the log")
+			}
+			if len(evs) == 0 {
+				break
+			}
+			encodeAll(evs, view)
+			at = last
 		}
 	}
 	var stored int
 	l.objs.Ascend(func(it objItem) bool {
-		Encoded(it.st.ev, int(view), frameOf(view))
 		stored += len(it.st.ev.Object.Data)
 		return true
 	})
@@ -97,7 +115,17 @@ func measureStore(tb testing.TB, n int, enc string, view View, updated bool) sto
 		writeHeapProfile(tb, profile)
 	}
 	runtime.KeepAlive(l)
+	runtime.KeepAlive(in) // the Manager's, shared by its Sources
 	return storeMemory{objects: n, heap: float64(after-before) / float64(n), stored: float64(stored) / float64(n)}
+}
+
+// encodeAll encodes evs in view as the daemon does for a stream.
+func encodeAll(evs []*Event, view View) {
+	for _, e := range evs {
+		if e.Object != nil {
+			Encoded(e, int(view), frameOf(view))
+		}
+	}
 }
 
 // frameOf returns what the daemon keeps per (event, view): the projection
@@ -137,10 +165,11 @@ func liveHeap() uint64 {
 	return ms.HeapAlloc
 }
 
-// decodeWatchBody reads every object of a watch body as a Source does.
-func decodeWatchBody(tb testing.TB, body []byte) []*Object {
+// decodeWatchBody reads every object of a watch body as a Source does,
+// sharing what they repeat through in (which may be nil).
+func decodeWatchBody(tb testing.TB, body []byte, in *interner) []*Object {
 	tb.Helper()
-	w := newRawWatchStream(io.NopCloser(bytes.NewReader(body)), true)
+	w := newRawWatchStream(io.NopCloser(bytes.NewReader(body)), true, in)
 	var objs []*Object
 	for {
 		_, o, _, err := w.next()
@@ -158,8 +187,19 @@ func decodeWatchBody(tb testing.TB, body []byte) []*Object {
 // each at generation gen (a later generation changes the status).
 func podWatchBody(tb testing.TB, n int, enc string, gen int) []byte {
 	tb.Helper()
+	pods := make([]int, n)
+	for i := range pods {
+		pods[i] = i
+	}
+	return podWatchEvents(tb, enc, gen, pods...)
+}
+
+// podWatchEvents returns the Pods numbered pods as the API server's watch
+// sends them in enc, each at generation gen.
+func podWatchEvents(tb testing.TB, enc string, gen int, pods ...int) []byte {
+	tb.Helper()
 	var body bytes.Buffer
-	for i := range n {
+	for _, i := range pods {
 		p := apiServerPod(i, gen)
 		switch enc {
 		case "json":
@@ -283,7 +323,7 @@ func apiServerPod(i, gen int) *corev1.Pod {
 func TestStrippedObjectsKeepNoSpareCapacity(t *testing.T) {
 	for _, enc := range []string{"json", "protobuf"} {
 		t.Run(enc, func(t *testing.T) {
-			objs := decodeWatchBody(t, podWatchBody(t, 3, enc, 1))
+			objs := decodeWatchBody(t, podWatchBody(t, 3, enc, 1), nil)
 			for _, o := range objs {
 				if bytes.Contains(o.Data, []byte("kube-controller-manager")) {
 					t.Fatalf("%s: managedFields were not cut", o.Name)
@@ -295,3 +335,4 @@ func TestStrippedObjectsKeepNoSpareCapacity(t *testing.T) {
 		})
 	}
 }
+

@@ -180,7 +180,7 @@ func (r *snapshot) read(f Filter, max int) ([]*Event, bool) {
 		}
 		scanned++
 		if o := it.st.ev.Object; f.matches(o.Namespace, o.Labels) {
-			evs = append(evs, it.st.ev.as(Added))
+			evs = append(evs, it.st.ev.copyAs(Added))
 		}
 		return true
 	})
