@@ -142,6 +142,15 @@ bench-idle: controlplane build ## Daemon CPU, goroutines and memory of 1,000 idl
 	$(GO) build -o $(BIN)/bench ./test/bench
 	$(BIN)/bench idle -bin $(BIN) $(BENCH_IDLE_FLAGS)
 
+# BENCH_MEMORY_FLAGS go to `bench memory` (e.g. BENCH_MEMORY_FLAGS="-pods 5000 -encodings json,protobuf");
+# BENCH_QUICK=1 runs 2,000 Pods.
+BENCH_MEMORY_FLAGS ?=
+
+.PHONY: bench-memory
+bench-memory: controlplane build ## Daemon heap and RSS per stored Pod at 10,000 and 30,000 Pods (JSON, protobuf, metadata view), the address view, vs client-go informers (BENCH_QUICK=1: 2,000 Pods).
+	$(GO) build -o $(BIN)/bench ./test/bench
+	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench memory -bin $(BIN) $(BENCH_MEMORY_FLAGS)
+
 .PHONY: bench-go
 bench-go: ## The Go benchmarks (fan-out over Unix sockets vs the raw baseline, the cache, address answers, status per Pod event) with -benchmem.
 	$(GO) test -run '^$$' -bench '$(BENCH_GO)' -benchmem -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) ./daemon ./cache ./client ./address ./status
