@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"sync"
 	"testing"
 	"unsafe"
 
@@ -100,17 +101,52 @@ func TestOnlyTheLogMemoizes(t *testing.T) {
 
 	ev := put(l, Modified, "a", 2, map[string]string{"x": "2"}) // leaves {x=1}
 	Encoded(ev, int(ViewFull), func(*Event) int { return 2 })
-	if (Filter{Labels: labels.SelectorFromSet(labels.Set{"x": "1"})}).apply(ev) == nil || ev.asDeleted.Load() == nil {
+	if (Filter{Labels: labels.SelectorFromSet(labels.Set{"x": "1"})}).apply(ev) == nil || ev.variants.Load() == nil || ev.variants.Load().deleted.Load() == nil {
 		t.Fatal("no Deleted variant memoized for a subscriber the object left")
 	}
 	if ev.frames[ViewFull].Load() == nil {
 		t.Fatal("an event in the log did not memoize its encoding")
 	}
 	put(l, Modified, "b", 3, nil) // pushes ev out of the log (MaxEvents 1)
-	if ev.frames[ViewFull].Load() != nil || ev.asDeleted.Load() != nil {
+	if ev.frames[ViewFull].Load() != nil || ev.variants.Load() != nil {
 		t.Error("an event that left the log still memoizes")
 	}
 	if got := l.get("ns", "a").ev; got != ev {
 		t.Fatal("the stored state is not the event's")
 	}
+}
+
+// TestForgetRacesWithReaders: readers encoding an event and asking for
+// its variants while it leaves the log get a result every time.
+func TestForgetRacesWithReaders(t *testing.T) {
+	before := obj("a", "1", map[string]string{"x": "1"})
+	ev := &Event{Type: Modified, Object: obj("a", "2", map[string]string{"x": "2"}), ResourceVersion: "2", prev: before}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if Encoded(ev, int(ViewFull), func(*Event) int { return 7 }) != 7 {
+					t.Error("wrong encoding")
+					return
+				}
+				if d := ev.as(Deleted); d.Type != Deleted || d.Object.Name != "a" {
+					t.Errorf("Deleted variant %v", d)
+					return
+				}
+			}
+		}()
+	}
+	for range 10000 {
+		ev.forget()
+	}
+	close(done)
+	wg.Wait()
 }

@@ -19,6 +19,32 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
+// maxHeapRatio is the live heap a store may keep per object, as a
+// multiple of the object's bytes (issue 19: every node pays it).
+const maxHeapRatio = 1.3
+
+// TestHeapPerStoredObject holds the live heap of a synced store of Pods, as
+// the API server sends them (managedFields included, then cut), that a
+// subscriber has read, to within maxHeapRatio of the bytes it stores, in
+// each encoding and view.
+func TestHeapPerStoredObject(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures the heap of thousands of objects")
+	}
+	for _, enc := range []string{"json", "protobuf"} {
+		for _, view := range []View{ViewFull, ViewMetadata} {
+			t.Run(enc+"/"+viewName(view), func(t *testing.T) {
+				m := measureStore(t, 2000, enc, view, false)
+				t.Logf("%.0f B stored, %.0f B of heap per object: %.2fx", m.stored, m.heap, m.ratio())
+				if m.ratio() > maxHeapRatio {
+					t.Errorf("live heap per object is %.2fx the bytes stored (%.0f B of heap for %.0f B), want at most %.1fx",
+						m.ratio(), m.heap, m.stored, maxHeapRatio)
+				}
+			})
+		}
+	}
+}
+
 // BenchmarkHeapPerStoredObject reports the live heap per stored Pod
 // (heap-B/object), the bytes stored per Pod (stored-B/object) and their
 // ratio, for a synced store of 10,000 Pods ("synced") and after every Pod
@@ -335,4 +361,3 @@ func TestStrippedObjectsKeepNoSpareCapacity(t *testing.T) {
 		})
 	}
 }
-
