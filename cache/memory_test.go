@@ -3,6 +3,7 @@ package cache
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -106,7 +107,6 @@ func measureStore(tb testing.TB, n int, enc string, view View, updated bool) sto
 	in := newInterner()
 	objs := decodeWatchBody(tb, podWatchBody(tb, n, enc, 1), in)
 	l.reset(objs, 1000, "1000")
-	objs = nil
 	// A subscriber reads the snapshot, then follows the log.
 	for p, done := newSnapshot(l, Filter{}, false), false; !done; {
 		var evs []*Event
@@ -199,7 +199,7 @@ func decodeWatchBody(tb testing.TB, body []byte, in *interner) []*Object {
 	var objs []*Object
 	for {
 		_, o, _, err := w.next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return objs
 		}
 		if err != nil {
@@ -239,7 +239,7 @@ func podWatchEvents(tb testing.TB, enc string, gen int, pods ...int) []byte {
 			if err != nil {
 				tb.Fatal(err)
 			}
-			binary.Write(&body, binary.BigEndian, uint32(len(frame)))
+			body.Write(binary.BigEndian.AppendUint32(nil, uint32(len(frame))))
 			body.Write(frame)
 		default:
 			tb.Fatalf("unknown encoding %q", enc)
