@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -35,7 +36,7 @@ func TestHeapPerStoredObject(t *testing.T) {
 	for _, enc := range []string{"json", "protobuf"} {
 		for _, view := range []View{ViewFull, ViewMetadata} {
 			t.Run(enc+"/"+viewName(view), func(t *testing.T) {
-				m := measureStore(t, 2000, enc, view, false)
+				m := measureStore(t, 2000, apiServerPod, enc, view, false)
 				t.Logf("%.0f B stored, %.0f B of heap per object: %.2fx", m.stored, m.heap, m.ratio())
 				if m.ratio() > maxHeapRatio {
 					t.Errorf("live heap per object is %.2fx the bytes stored (%.0f B of heap for %.0f B), want at most %.1fx",
@@ -64,7 +65,7 @@ func BenchmarkHeapPerStoredObject(b *testing.B) {
 				b.Run(name, func(b *testing.B) {
 					var m storeMemory
 					for b.Loop() {
-						m = measureStore(b, 10000, enc, view, updated)
+						m = measureStore(b, 10000, apiServerPod, enc, view, updated)
 					}
 					b.ReportMetric(m.heap, "heap-B/object")
 					b.ReportMetric(m.stored, "stored-B/object")
@@ -72,6 +73,42 @@ func BenchmarkHeapPerStoredObject(b *testing.B) {
 				})
 			}
 		}
+	}
+}
+
+// BenchmarkHeapPerStoredConfigMap is BenchmarkHeapPerStoredObject for the
+// ConfigMaps of issue 19: 1 KiB of data, stored in 1,070 bytes, where
+// what an object costs beyond its bytes weighs most.
+func BenchmarkHeapPerStoredConfigMap(b *testing.B) {
+	for _, enc := range []string{"json", "protobuf"} {
+		b.Run(enc, func(b *testing.B) {
+			var m storeMemory
+			for b.Loop() {
+				m = measureStore(b, 10000, apiServerConfigMap, enc, ViewFull, false)
+			}
+			b.ReportMetric(m.heap, "heap-B/object")
+			b.ReportMetric(m.stored, "stored-B/object")
+			b.ReportMetric(m.ratio(), "ratio")
+		})
+	}
+}
+
+// apiServerConfigMap is ConfigMap i of bench's workload (1 KiB of data)
+// as the API server serves it, with its creator's managedFields.
+func apiServerConfigMap(i, gen int) kruntime.Object {
+	payload := make([]byte, 1024)
+	for j := range payload {
+		payload[j] = 'a' + byte((j*7+gen)%26)
+	}
+	created := metav1.NewTime(time.Unix(1_780_000_000, 0).UTC())
+	return &corev1.ConfigMap{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%05d", i), Namespace: "bench",
+			UID: types.UID(fmt.Sprintf("6f1c0d2e-3b4a-4c5d-8e9f-%012d", i)), ResourceVersion: strconv.Itoa(1000*gen + i),
+			CreationTimestamp: created, Labels: map[string]string{"app": "bench", "shard": strconv.Itoa(i % 16)},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "bench", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", Time: &created,
+				FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:data":{".":{},"f:payload":{}},"f:metadata":{"f:labels":{".":{},"f:app":{},"f:shard":{}}}}`)}}},
+		Data: map[string]string{"payload": string(payload)},
 	}
 }
 
@@ -96,7 +133,7 @@ func (m storeMemory) ratio() float64 { return m.heap / m.stored }
 // daemon encodes them; if updated, every Pod then changes once, and the
 // subscriber reads those events from the log. It returns the live heap
 // that this leaves per object and the bytes stored per object.
-func measureStore(tb testing.TB, n int, enc string, view View, updated bool) storeMemory {
+func measureStore(tb testing.TB, n int, newObj objectFunc, enc string, view View, updated bool) storeMemory {
 	tb.Helper()
 	profile := os.Getenv("INFORMERD_HEAPPROFILE")
 	if profile != "" {
@@ -105,7 +142,7 @@ func measureStore(tb testing.TB, n int, enc string, view View, updated bool) sto
 	before := liveHeap()
 	l := newEventLog(LogLimits{}, nil, time.Now)
 	in := newInterner()
-	objs := decodeWatchBody(tb, podWatchBody(tb, n, enc, 1), in)
+	objs := decodeWatchBody(tb, watchBody(tb, n, newObj, enc, 1), in)
 	l.reset(objs, 1000, "1000")
 	// A subscriber reads the snapshot, then follows the log.
 	for p, done := newSnapshot(l, Filter{}, false), false; !done; {
@@ -115,7 +152,7 @@ func measureStore(tb testing.TB, n int, enc string, view View, updated bool) sto
 	}
 	if updated {
 		at := l.last
-		for i, o := range decodeWatchBody(tb, podWatchBody(tb, n, enc, 2), in) {
+		for i, o := range decodeWatchBody(tb, watchBody(tb, n, newObj, enc, 2), in) {
 			rv := uint64(2000 + i)
 			l.append(Modified, o, rv, strconv.FormatUint(rv, 10))
 		}
@@ -209,24 +246,38 @@ func decodeWatchBody(tb testing.TB, body []byte, in *interner) []*Object {
 	}
 }
 
-// podWatchBody returns n Pods as the API server's watch sends them in enc,
-// each at generation gen (a later generation changes the status).
-func podWatchBody(tb testing.TB, n int, enc string, gen int) []byte {
+// objectFunc returns object i at generation gen (a later generation
+// changes it).
+type objectFunc func(i, gen int) kruntime.Object
+
+// watchBody returns n objects as the API server's watch sends them in
+// enc, each at generation gen.
+func watchBody(tb testing.TB, n int, newObj objectFunc, enc string, gen int) []byte {
 	tb.Helper()
-	pods := make([]int, n)
-	for i := range pods {
-		pods[i] = i
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
 	}
-	return podWatchEvents(tb, enc, gen, pods...)
+	return watchEvents(tb, newObj, enc, gen, idx...)
 }
 
-// podWatchEvents returns the Pods numbered pods as the API server's watch
-// sends them in enc, each at generation gen.
+// podWatchBody returns n Pods as watchBody does.
+func podWatchBody(tb testing.TB, n int, enc string, gen int) []byte {
+	return watchBody(tb, n, apiServerPod, enc, gen)
+}
+
+// podWatchEvents returns the Pods numbered pods as watchEvents does.
 func podWatchEvents(tb testing.TB, enc string, gen int, pods ...int) []byte {
+	return watchEvents(tb, apiServerPod, enc, gen, pods...)
+}
+
+// watchEvents returns the objects numbered idx as the API server's watch
+// sends them in enc, each at generation gen.
+func watchEvents(tb testing.TB, newObj objectFunc, enc string, gen int, idx ...int) []byte {
 	tb.Helper()
 	var body bytes.Buffer
-	for _, i := range pods {
-		p := apiServerPod(i, gen)
+	for _, i := range idx {
+		p := newObj(i, gen)
 		switch enc {
 		case "json":
 			body.WriteString(`{"type":"ADDED","object":`)
@@ -251,7 +302,7 @@ func podWatchEvents(tb testing.TB, enc string, gen int, pods ...int) []byte {
 // apiServerPod is Pod i of a Deployment's ReplicaSet as the API server
 // serves it once kwok runs it: defaults, the service account volume, the
 // managedFields of its creator and of the kubelet, a status.
-func apiServerPod(i, gen int) *corev1.Pod {
+func apiServerPod(i, gen int) kruntime.Object {
 	app := fmt.Sprintf("web-%02d", i%50)
 	ns := fmt.Sprintf("team-%02d", i%20)
 	created := metav1.NewTime(time.Unix(1_780_000_000, 0).UTC())
