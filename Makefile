@@ -144,10 +144,21 @@ bench-idle: controlplane build ## Daemon CPU, goroutines and memory of 1,000 idl
 
 # BENCH_FLEET_FLAGS go to `bench fleet` (e.g. BENCH_FLEET_FLAGS="-k 100 -modes informerd,informerd-norecovery").
 # BENCH_QUICK=1: K = 10 only, shorter windows (a few minutes).
+BENCH_FLEET_FLAGS ?=
+
 .PHONY: bench-fleet
 bench-fleet: controlplane build ## K simulated nodes (10, 50, 100), each an informerd with 5 consumers, vs the same consumers direct: API server cost, rolling upgrade, API server restart (docs/scale.md).
 	$(GO) build -o $(BIN)/bench ./test/bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench fleet -bin $(BIN) $(BENCH_FLEET_FLAGS)
+
+# BENCH_MEMORY_FLAGS go to `bench memory` (e.g. BENCH_MEMORY_FLAGS="-pods 5000 -encodings json,protobuf");
+# BENCH_QUICK=1 runs 2,000 Pods.
+BENCH_MEMORY_FLAGS ?=
+
+.PHONY: bench-memory
+bench-memory: controlplane build ## Daemon heap and RSS per stored Pod at 10,000 and 30,000 Pods (JSON, protobuf, metadata view), the address view, vs client-go informers (BENCH_QUICK=1: 2,000 Pods).
+	$(GO) build -o $(BIN)/bench ./test/bench
+	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench memory -bin $(BIN) $(BENCH_MEMORY_FLAGS)
 
 .PHONY: bench-go
 bench-go: ## The Go benchmarks (fan-out over Unix sockets vs the raw baseline, the cache, address answers, status per Pod event) with -benchmem.

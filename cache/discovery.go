@@ -177,12 +177,12 @@ func (m *Manager) crdEstablished(req Request) bool {
 		return false
 	}
 	if req.Kind == "" {
-		it, ok := objs.Get(objItem{name: req.GVR.Resource + "." + req.GVR.Group})
-		return ok && crdServes(it.st.ev.Object, req)
+		it, ok := objs.Get(objAt("", req.GVR.Resource+"."+req.GVR.Group))
+		return ok && crdServes(it.object(), req)
 	}
 	found := false
 	objs.Ascend(func(it objItem) bool {
-		found = strings.HasSuffix(it.name, "."+req.GVR.Group) && crdServes(it.st.ev.Object, req)
+		found = strings.HasSuffix(it.object().Name, "."+req.GVR.Group) && crdServes(it.object(), req)
 		return !found
 	})
 	return found

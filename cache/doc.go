@@ -14,8 +14,18 @@
 // per subscriber.
 //
 // Events are immutable and shared by every subscriber; Encoded memoizes a
-// per-view encoding so that each event is encoded once, whatever the
-// number of streams that carry it.
+// per-view encoding so that each event of the log is encoded once,
+// whatever the number of streams that carry it. What is memoized costs
+// memory only while the event is in the log: a snapshot or catch-up hands
+// out copies of the stored events, encoded for each subscriber (for the
+// full view a header: the object's bytes are shared).
+//
+// Memory per stored object is its bytes, allocated at their size, plus a
+// few fixed records (the Object, its Event and state, two tree slots) and
+// the strings that are its own (name, uid, resourceVersion): namespaces,
+// types and label sets are shared through a bounded interner. The Go
+// benchmark BenchmarkHeapPerStoredObject measures it; docs/benchmarks.md
+// has the figures.
 //
 // Label selectors are always applied here, never upstream: a subscription
 // with a label selector reads the Source of its resource and namespace, so

@@ -61,12 +61,19 @@ type Object struct {
 	Data []byte
 }
 
-// MaxFrameSlots bounds the number of distinct encodings memoized per Event
-// (one per view and format the daemon serves).
-const MaxFrameSlots = 4
+// MaxFrameSlots bounds the number of distinct encodings memoized per Event:
+// one per View (a Source has one format).
+const MaxFrameSlots = int(numViews)
 
 // Event is one change to one object, or a marker. Events are immutable and
 // shared by every subscriber of a Source; do not modify one.
+//
+// What an Event memoizes (its encodings, its Added and Deleted variants)
+// costs memory only while it is in its Source's log: the log forgets them
+// when the event leaves it, and reads of the store (snapshots, catch-ups)
+// hand out copies that memoize nothing into the stored event. Memory per
+// stored object is then its bytes, its metadata and a few fixed-size
+// records, whatever the subscribers read.
 type Event struct {
 	Type   EventType
 	Object *Object // nil for markers
@@ -74,23 +81,22 @@ type Event struct {
 	// resuming from it continues after this event.
 	ResourceVersion string
 
-	// prevLabels are the object's labels before a Modified event, to tell
-	// a filtered subscriber that an object entered or left its selector.
-	prevLabels labels.Set
 	// prev is the object before a Modified event that changed its labels:
 	// a subscriber whose selector the object leaves receives it as
 	// deleted, at the event's resourceVersion, as the API server sends it.
 	prev *Object
-	// asAdded and asDeleted memoize the variants of a Modified event that
-	// filtered subscribers see, so that their encodings are shared too.
-	asAdded, asDeleted atomic.Pointer[Event]
-	frames             [MaxFrameSlots]atomic.Pointer[any]
+	// variants memoizes the Added and Deleted variants of a Modified event
+	// that filtered subscribers see, so that their encodings are shared
+	// too; allocated only for an event that has one.
+	variants atomic.Pointer[variants]
+	frames   [MaxFrameSlots]atomic.Pointer[any]
 }
 
 // Encoded returns the encoding of e for slot (see MaxFrameSlots), computing
 // it with encode the first time; what an encoding is, is the caller's
 // business. Concurrent first calls may each run encode; one result wins and
-// every caller afterwards gets it. Callers must use one T per slot.
+// every caller afterwards gets it, until e leaves its Source's log (see
+// Event). Callers must use one T per slot.
 func Encoded[T any](e *Event, slot int, encode func(*Event) T) T {
 	if p := e.frames[slot].Load(); p != nil {
 		return (*p).(T)
@@ -99,23 +105,34 @@ func Encoded[T any](e *Event, slot int, encode func(*Event) T) T {
 	if e.frames[slot].CompareAndSwap(nil, &v) {
 		return v.(T)
 	}
-	return (*e.frames[slot].Load()).(T)
+	if p := e.frames[slot].Load(); p != nil { // nil: forgotten meanwhile
+		return (*p).(T)
+	}
+	return v.(T)
 }
 
 // as returns the variant of e with type t, sharing its object and
 // position. The Added and Deleted variants are memoized so that the frames
 // of filtered subscribers are shared too.
 func (e *Event) as(t EventType) *Event {
-	var slot *atomic.Pointer[Event]
 	switch {
 	case e.Type == t:
 		return e
-	case t == Added:
-		slot = &e.asAdded
-	case t == Deleted:
-		slot = &e.asDeleted
-	default:
+	case t != Added && t != Deleted:
 		return &Event{Type: t, Object: e.Object, ResourceVersion: e.ResourceVersion}
+	}
+	vs := e.variants.Load()
+	if vs == nil {
+		vs = &variants{}
+		if !e.variants.CompareAndSwap(nil, vs) {
+			if cur := e.variants.Load(); cur != nil { // nil: forgotten meanwhile
+				vs = cur
+			}
+		}
+	}
+	slot := &vs.added
+	if t == Deleted {
+		slot = &vs.deleted
 	}
 	if v := slot.Load(); v != nil {
 		return v
@@ -126,6 +143,39 @@ func (e *Event) as(t EventType) *Event {
 	}
 	slot.CompareAndSwap(nil, &Event{Type: t, Object: o, ResourceVersion: e.ResourceVersion})
 	return slot.Load()
+}
+
+// copyAs returns a new Event of type t as as(t) would, memoizing nothing
+// into e: what a read of the store sends. Encoding the copy costs what
+// encoding e would, and the encoding goes with the copy.
+func (e *Event) copyAs(t EventType) *Event {
+	o := e.Object
+	if t == Deleted && e.Type != Deleted && e.prev != nil {
+		o = e.prev.withResourceVersion(e.Object.ResourceVersion)
+	}
+	return &Event{Type: t, Object: o, ResourceVersion: e.ResourceVersion}
+}
+
+// forget drops what e memoizes, as it leaves the log. A reader encoding e
+// meanwhile may memoize once more; that costs one encoding, bounded by the
+// views, until e is forgotten again or replaced in the store.
+func (e *Event) forget() {
+	for i := range e.frames {
+		e.frames[i].Store(nil)
+	}
+	e.variants.Store(nil)
+}
+
+// variants are an Event's memoized variants (see Event.as).
+type variants struct{ added, deleted atomic.Pointer[Event] }
+
+// labelsBefore returns the labels the object had before a Modified event:
+// its previous object's, kept only when they differ.
+func (e *Event) labelsBefore() labels.Set {
+	if e.prev != nil {
+		return e.prev.Labels
+	}
+	return e.Object.Labels
 }
 
 // size is the number of object bytes e keeps alive.
@@ -165,7 +215,7 @@ func (f Filter) apply(e *Event) *Event {
 		}
 		return nil
 	case Modified:
-		before := f.matches(e.Object.Namespace, e.prevLabels)
+		before := f.matches(e.Object.Namespace, e.labelsBefore())
 		after := f.matches(e.Object.Namespace, e.Object.Labels)
 		switch {
 		case before && after:
@@ -187,25 +237,24 @@ func (f Filter) apply(e *Event) *Event {
 // Whether it saw an object is exact: the labels the object had at from are
 // known down to the horizon.
 func (f Filter) catchUp(c change, from mark) *Event {
-	if c.tomb != nil {
-		t := c.tomb
-		o := t.ev.Object
-		if t.created.after(from) || !f.matches(o.Namespace, labelsAt(t.hist, o.Labels, from)) {
+	st := c.st
+	if st.deleted() {
+		o := st.ev.Object
+		if st.created.after(from) || !f.matches(o.Namespace, labelsAt(st.hist, o.Labels, from)) {
 			return nil // created since, or never matched: never seen
 		}
-		return t.ev
+		return st.ev.copyAs(Deleted)
 	}
-	st := c.st
 	o := st.ev.Object
 	now := f.matches(o.Namespace, o.Labels)
 	then := !st.created.after(from) && f.matches(o.Namespace, labelsAt(st.hist, o.Labels, from))
 	switch {
 	case then && now:
-		return st.ev.as(Modified)
+		return st.ev.copyAs(Modified)
 	case now:
-		return st.ev.as(Added)
+		return st.ev.copyAs(Added)
 	case then:
-		return st.ev.as(Deleted)
+		return st.ev.copyAs(Deleted)
 	}
 	return nil
 }

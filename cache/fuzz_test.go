@@ -181,7 +181,7 @@ func FuzzWatchStream(f *testing.F) {
 	f.Add(append(watchFrame(f, "ADDED", cm), watchFrame(f, "BOOKMARK", cm)...))
 	f.Add(watchFrame(f, "ERROR", &metav1.Status{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Status"}, Code: 410}))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		ws := newRawWatchStream(io.NopCloser(bytes.NewReader(b)), true)
+		ws := newRawWatchStream(io.NopCloser(bytes.NewReader(b)), true, newInterner())
 		defer ws.close()
 		for range 100 {
 			typ, obj, _, err := ws.next()

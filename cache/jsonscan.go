@@ -416,9 +416,15 @@ type span struct{ from, to int }
 
 // cutSpans returns a copy of b without the spans, which are in order and
 // may overlap.
+// The copy is allocated at its exact size: it is what the store keeps.
 func cutSpans(b []byte, spans []span) []byte {
-	out := make([]byte, 0, len(b))
-	at := 0
+	n, at := len(b), 0
+	for _, c := range spans {
+		n -= max(c.to, at) - max(c.from, at)
+		at = max(at, c.to)
+	}
+	out := make([]byte, 0, n)
+	at = 0
 	for _, c := range spans {
 		if c.from > at {
 			out = append(out, b[at:c.from]...)

@@ -92,9 +92,9 @@ func parseRV(rv string) (uint64, bool) {
 
 // logEntry is one event in the log.
 type logEntry struct {
-	at   mark
-	time time.Time
-	ev   *Event
+	at  mark
+	age time.Duration // when it was logged, since the log's epoch
+	ev  *Event
 }
 
 // labelChange records the labels an object had before a change of them.
@@ -107,10 +107,17 @@ type labelChange struct {
 // one moves the horizon past it.
 const maxLabelHistory = 8
 
+// labelHistory is an object's label changes after the horizon, oldest
+// first. Most objects have none: a stored state keeps a nil pointer.
+type labelHistory []labelChange
+
 // labelsAt returns the labels an object had at p, given its label history
 // and its labels now; p must be at or after the horizon.
-func labelsAt(hist []labelChange, now labels.Set, p mark) labels.Set {
-	for _, c := range hist {
+func labelsAt(hist *labelHistory, now labels.Set, p mark) labels.Set {
+	if hist == nil {
+		return now
+	}
+	for _, c := range *hist {
 		if c.at.after(p) {
 			return c.before
 		}
@@ -118,48 +125,49 @@ func labelsAt(hist []labelChange, now labels.Set, p mark) labels.Set {
 	return now
 }
 
-// stored is the current state of one object. It is immutable once in the
-// store: a change stores a new one, so that frozen copies of the store
+// stored is the current state of one object, or, once its event is
+// Deleted, a tombstone: the memory of a deletion. It is immutable once in
+// the store: a change stores a new one, so that frozen copies of the store
 // stay valid.
 type stored struct {
-	ev      *Event // the Added or Modified event that produced this state
-	changed mark
+	ev      *Event // the event that produced this state
+	changed mark   // the event's position
 	created mark
-	hist    []labelChange // label changes after the horizon, oldest first
+	hist    *labelHistory // nil: no label change after the horizon
 }
 
-// tombstone remembers a deletion.
-type tombstone struct {
-	ev      *Event
-	deleted mark
-	created mark
-	hist    []labelChange
+// deleted reports whether st is a tombstone.
+func (st *stored) deleted() bool { return st.ev.Type == Deleted }
+
+// objItem is an entry of the store, ordered by its object's namespace,
+// then name, so that one namespace is one range. The trees hold a pointer
+// per object, not its key: every byte per object counts.
+type objItem struct{ st *stored }
+
+// objAt returns an item to look up or start from namespace/name.
+func objAt(ns, name string) objItem {
+	return objItem{&stored{ev: &Event{Object: &Object{Namespace: ns, Name: name}}}}
 }
 
-// objItem is an entry of the store, ordered by namespace, then name, so
-// that one namespace is one range.
-type objItem struct {
-	ns, name string
-	st       *stored
-}
+func (it objItem) object() *Object { return it.st.ev.Object }
 
 func objLess(a, b objItem) bool {
-	if a.ns != b.ns {
-		return a.ns < b.ns
+	x, y := a.object(), b.object()
+	if x.Namespace != y.Namespace {
+		return x.Namespace < y.Namespace
 	}
-	return a.name < b.name
+	return x.Name < y.Name
 }
 
 // change is the latest change of a stored object or a remembered
-// deletion. Ordered by mark, the changes are the compacted history that a
-// catch-up replays.
-type change struct {
-	at   mark
-	st   *stored    // the object's state, or
-	tomb *tombstone // its deletion
-}
+// deletion. Ordered by their position (st.changed), the changes are the
+// compacted history that a catch-up replays.
+type change struct{ st *stored }
 
-func changeLess(a, b change) bool { return b.at.after(a.at) }
+// changeAt returns a change to look up or start from m.
+func changeAt(m mark) change { return change{&stored{changed: m}} }
+
+func changeLess(a, b change) bool { return b.st.changed.after(a.st.changed) }
 
 // btreeDegree suits small items: nodes of up to 63 items.
 const btreeDegree = 32
@@ -173,6 +181,7 @@ type eventLog struct {
 	limits LogLimits
 	budget *logBudget // may be nil
 	now    func() time.Time
+	epoch  time.Time // the origin of the entries' ages
 
 	objs    *btree.BTreeG[objItem]
 	changes *btree.BTreeG[change]
@@ -183,7 +192,7 @@ type eventLog struct {
 	entries []logEntry // entries[start:] are the log, oldest first
 	start   int
 	bytes   int64
-	tombs   []*tombstone // tombs[tstart:] are remembered, oldest first
+	tombs   []*stored // tombs[tstart:] are remembered, oldest first
 	tstart  int
 
 	last    mark   // the newest change or bookmark
@@ -197,7 +206,7 @@ type eventLog struct {
 
 func newEventLog(limits LogLimits, budget *logBudget, now func() time.Time) *eventLog {
 	return &eventLog{
-		limits: limits.withDefaults(), budget: budget, now: now,
+		limits: limits.withDefaults(), budget: budget, now: now, epoch: now(),
 		objs:    btree.NewG(btreeDegree, objLess),
 		changes: btree.NewG(btreeDegree, changeLess),
 	}
@@ -216,7 +225,7 @@ func (l *eventLog) advance(rv uint64, position string) mark {
 
 // get returns the stored state of namespace/name, or nil.
 func (l *eventLog) get(ns, name string) *stored {
-	it, _ := l.objs.Get(objItem{ns: ns, name: name})
+	it, _ := l.objs.Get(objAt(ns, name))
 	return it.st
 }
 
@@ -235,39 +244,46 @@ func (l *eventLog) append(t EventType, obj *Object, rv uint64, position string) 
 	ev := &Event{Type: t, Object: obj, ResourceVersion: position}
 	at := l.advance(rv, position)
 	if cur != nil {
-		l.changes.Delete(change{at: cur.changed})
+		l.changes.Delete(change{cur})
 	}
 	switch {
 	case t == Deleted:
-		l.objs.Delete(objItem{ns: obj.Namespace, name: obj.Name})
-		tomb := &tombstone{ev: ev, deleted: at, created: cur.created, hist: cur.hist}
-		l.changes.ReplaceOrInsert(change{at: at, tomb: tomb})
+		l.objs.Delete(objItem{cur})
+		tomb := &stored{ev: ev, changed: at, created: cur.created, hist: cur.hist}
+		l.changes.ReplaceOrInsert(change{tomb})
 		l.tombs = append(l.tombs, tomb)
 	case cur != nil:
 		prev := cur.ev.Object
-		ev.Type, ev.prevLabels = Modified, prev.Labels
+		ev.Type = Modified
 		hist := cur.hist
 		if !labelsEqual(prev.Labels, obj.Labels) {
 			ev.prev = prev
 			hist = l.remember(hist, labelChange{at: at, before: prev.Labels})
 		}
 		st := &stored{ev: ev, changed: at, created: cur.created, hist: hist}
-		l.objs.ReplaceOrInsert(objItem{obj.Namespace, obj.Name, st})
-		l.changes.ReplaceOrInsert(change{at: at, st: st})
+		l.objs.ReplaceOrInsert(objItem{st})
+		l.changes.ReplaceOrInsert(change{st})
 	default:
 		ev.Type = Added
 		st := &stored{ev: ev, changed: at, created: at}
-		l.objs.ReplaceOrInsert(objItem{obj.Namespace, obj.Name, st})
-		l.changes.ReplaceOrInsert(change{at: at, st: st})
+		l.objs.ReplaceOrInsert(objItem{st})
+		l.changes.ReplaceOrInsert(change{st})
 	}
-	l.push(logEntry{at: at, time: l.now(), ev: ev})
+	l.push(logEntry{at: at, age: l.age(), ev: ev})
 	return ev
 }
 
-// remember returns hist with c added, in a new array (hist is shared with
-// older states), without the changes at or before the horizon, and at most
+// age returns the time since the log's epoch (monotonic).
+func (l *eventLog) age() time.Duration { return l.now().Sub(l.epoch) }
+
+// remember returns h with c added, in a new array (h is shared with older
+// states), without the changes at or before the horizon, and at most
 // maxLabelHistory long: dropping more moves the horizon.
-func (l *eventLog) remember(hist []labelChange, c labelChange) []labelChange {
+func (l *eventLog) remember(h *labelHistory, c labelChange) *labelHistory {
+	var hist labelHistory
+	if h != nil {
+		hist = *h
+	}
 	i := 0
 	for i < len(hist) && !hist[i].at.after(l.horizon) {
 		i++
@@ -277,8 +293,9 @@ func (l *eventLog) remember(hist []labelChange, c labelChange) []labelChange {
 		l.raiseHorizon(hist[i+drop-1].at)
 		i += drop
 	}
-	out := make([]labelChange, 0, len(hist)-i+1)
-	return append(append(out, hist[i:]...), c)
+	out := make(labelHistory, 0, len(hist)-i+1)
+	out = append(append(out, hist[i:]...), c)
+	return &out
 }
 
 func (l *eventLog) raiseHorizon(m mark) {
@@ -302,7 +319,7 @@ func labelsEqual(a, b labels.Set) bool {
 // bookmark records that the upstream is at rv without a change.
 func (l *eventLog) bookmark(rv uint64, position string) *Event {
 	ev := &Event{Type: Bookmark, ResourceVersion: position}
-	l.push(logEntry{at: l.advance(rv, position), time: l.now(), ev: ev})
+	l.push(logEntry{at: l.advance(rv, position), age: l.age(), ev: ev})
 	return ev
 }
 
@@ -317,12 +334,12 @@ func (l *eventLog) push(e logEntry) {
 // trim drops the oldest entries beyond the limits, and the oldest
 // tombstones beyond theirs, moving the base and the horizon forward.
 func (l *eventLog) trim() {
-	now := l.now()
+	now := l.age()
 	for l.start < len(l.entries) {
 		e := &l.entries[l.start]
 		n := len(l.entries) - l.start
 		overBytes := l.bytes > l.limits.MaxBytes || l.budget.over()
-		overCount := n > l.limits.MaxEvents && now.Sub(e.time) >= l.limits.MinAge
+		overCount := n > l.limits.MaxEvents && now-e.age >= l.limits.MinAge
 		if !overBytes && !overCount {
 			break
 		}
@@ -330,13 +347,14 @@ func (l *eventLog) trim() {
 		l.bytes -= size
 		l.budget.add(-size)
 		l.base = e.at
+		e.ev.forget()
 		*e = logEntry{}
 		l.start++
 	}
 	for len(l.tombs)-l.tstart > l.limits.MaxTombstones {
 		t := l.tombs[l.tstart]
-		l.changes.Delete(change{at: t.deleted})
-		l.raiseHorizon(t.deleted)
+		l.changes.Delete(change{t})
+		l.raiseHorizon(t.changed)
 		l.tombs[l.tstart] = nil
 		l.tstart++
 	}
@@ -346,7 +364,7 @@ func (l *eventLog) trim() {
 		l.start = 0
 	}
 	if l.tstart > 1024 && l.tstart > len(l.tombs)/2 {
-		l.tombs = append([]*tombstone(nil), l.tombs[l.tstart:]...)
+		l.tombs = append([]*stored(nil), l.tombs[l.tstart:]...)
 		l.tstart = 0
 	}
 }
@@ -361,8 +379,8 @@ func (l *eventLog) reset(objs []*Object, rv uint64, position string) {
 	for _, o := range objs {
 		at := l.advance(rv, position)
 		st := &stored{ev: &Event{Type: Added, Object: o, ResourceVersion: position}, changed: at, created: at}
-		l.objs.ReplaceOrInsert(objItem{o.Namespace, o.Name, st})
-		l.changes.ReplaceOrInsert(change{at: at, st: st})
+		l.objs.ReplaceOrInsert(objItem{st})
+		l.changes.ReplaceOrInsert(change{st})
 	}
 	l.lastPos = position
 	l.frozenObjs, l.frozenChanges = nil, nil

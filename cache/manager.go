@@ -262,11 +262,12 @@ func NewManager(opts Options) (*Manager, error) {
 	}
 	cached := memory.NewMemCacheClient(dc)
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(cached)
+	intern := newInterner() // shared by every Source
 	newUpstream := func(key Key) upstream {
 		return &restUpstream{
 			client: client, path: collectionPath(key), fieldSel: key.FieldSelector,
 			pageSize: opts.PageSize, timeout: opts.UpstreamTimeout,
-			stripMF: !opts.KeepManagedFields, watchList: !opts.DisableWatchList, protobuf: key.Protobuf,
+			stripMF: !opts.KeepManagedFields, intern: intern, watchList: !opts.DisableWatchList, protobuf: key.Protobuf,
 		}
 	}
 	m := newManager(opts, mapper, newUpstream)

@@ -126,16 +126,23 @@ func protoUnknown(data []byte) (apiVersion, kind string, raw []byte, err error) 
 }
 
 // appendProtoUnknown appends an encoded object: the prefix and a
-// runtime.Unknown of the type and the typed message raw.
+// runtime.Unknown of the type and the typed message raw. With b nil, it
+// allocates the result at its exact size: it is what the store keeps.
 func appendProtoUnknown(b []byte, apiVersion, kind string, raw []byte) []byte {
-	var tm []byte
-	tm = protowire.AppendTag(tm, 1, protowire.BytesType)
-	tm = protowire.AppendString(tm, apiVersion)
-	tm = protowire.AppendTag(tm, 2, protowire.BytesType)
-	tm = protowire.AppendString(tm, kind)
+	tmSize := protowire.SizeTag(1) + protowire.SizeBytes(len(apiVersion)) +
+		protowire.SizeTag(2) + protowire.SizeBytes(len(kind))
+	if b == nil {
+		b = make([]byte, 0, len(protoMagic)+
+			protowire.SizeTag(1)+protowire.SizeBytes(tmSize)+
+			protowire.SizeTag(2)+protowire.SizeBytes(len(raw)))
+	}
 	b = append(b, protoMagic...)
 	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendBytes(b, tm)
+	b = protowire.AppendVarint(b, uint64(tmSize))
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, apiVersion)
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendString(b, kind)
 	b = protowire.AppendTag(b, 2, protowire.BytesType)
 	return protowire.AppendBytes(b, raw)
 }
@@ -155,7 +162,7 @@ func decodeProtoObject(data []byte, strip bool) (*Object, error) {
 		return nil, fmt.Errorf("decoding object: %w", err)
 	}
 	if stripped != nil {
-		o.Data = appendProtoUnknown(make([]byte, 0, len(data)), apiVersion, kind, stripped)
+		o.Data = appendProtoUnknown(nil, apiVersion, kind, stripped)
 	}
 	return o, nil
 }

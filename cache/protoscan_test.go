@@ -106,7 +106,7 @@ func TestProtobufWatchStream(t *testing.T) {
 	body = append(body, watchFrame(t, "ADDED", cm)...)
 	body = append(body, watchFrame(t, "BOOKMARK", bm)...)
 	body = append(body, watchFrame(t, "ERROR", &gone)...)
-	ws := newRawWatchStream(io.NopCloser(bytes.NewReader(body)), true)
+	ws := newRawWatchStream(io.NopCloser(bytes.NewReader(body)), true, nil)
 	defer ws.close()
 
 	typ, o, rv, err := ws.next()
@@ -130,7 +130,7 @@ func TestProtobufWatchStream(t *testing.T) {
 
 	// A frame cut short is an error, not a clean end.
 	cut := watchFrame(t, "ADDED", cm)
-	ws = newRawWatchStream(io.NopCloser(bytes.NewReader(cut[:len(cut)-3])), true)
+	ws = newRawWatchStream(io.NopCloser(bytes.NewReader(cut[:len(cut)-3])), true, nil)
 	if _, _, _, err := ws.next(); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("truncated frame: %v, want ErrUnexpectedEOF", err)
 	}

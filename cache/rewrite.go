@@ -141,5 +141,5 @@ func protoWithResourceVersion(data []byte, rv string) ([]byte, error) {
 		return nil, err
 	}
 	msg = append(msg, raw[at:]...)
-	return appendProtoUnknown(make([]byte, 0, len(data)+len(rv)), apiVersion, kind, msg), nil
+	return appendProtoUnknown(nil, apiVersion, kind, msg), nil
 }

@@ -404,8 +404,9 @@ func (s *Source) publishList(objs []*Object, listRV string) {
 	}
 	var gone []*Object
 	s.events.objs.Ascend(func(it objItem) bool {
-		if _, ok := seen[name{it.ns, it.name}]; !ok {
-			gone = append(gone, it.st.ev.Object)
+		o := it.object()
+		if _, ok := seen[name{o.Namespace, o.Name}]; !ok {
+			gone = append(gone, o)
 		}
 		return true
 	})

@@ -161,7 +161,7 @@ type snapshot struct {
 }
 
 func newSnapshot(l *eventLog, f Filter, reset bool) *snapshot {
-	return &snapshot{objs: l.frozenObjects(), next: objItem{ns: f.Namespace}, ns: f.Namespace, reset: reset, pos: l.lastPos}
+	return &snapshot{objs: l.frozenObjects(), next: objAt(f.Namespace, ""), ns: f.Namespace, reset: reset, pos: l.lastPos}
 }
 
 func (r *snapshot) read(f Filter, max int) ([]*Event, bool) {
@@ -171,7 +171,7 @@ func (r *snapshot) read(f Filter, max int) ([]*Event, bool) {
 	}
 	done, scanned := true, 0
 	r.objs.AscendGreaterOrEqual(r.next, func(it objItem) bool {
-		if r.ns != "" && it.ns != r.ns {
+		if r.ns != "" && it.object().Namespace != r.ns {
 			return false
 		}
 		if len(evs) >= max || scanned == scanChunk {
@@ -179,8 +179,8 @@ func (r *snapshot) read(f Filter, max int) ([]*Event, bool) {
 			return false
 		}
 		scanned++
-		if o := it.st.ev.Object; f.matches(o.Namespace, o.Labels) {
-			evs = append(evs, it.st.ev.as(Added))
+		if o := it.object(); f.matches(o.Namespace, o.Labels) {
+			evs = append(evs, it.st.ev.copyAs(Added))
 		}
 		return true
 	})
@@ -210,12 +210,12 @@ func newCatchUp(l *eventLog, from mark) *catchUp {
 func (r *catchUp) read(f Filter, max int) ([]*Event, bool) {
 	var evs []*Event
 	done, scanned := true, 0
-	r.changes.AscendGreaterOrEqual(change{at: r.next}, func(c change) bool {
-		if c.at.after(r.end) {
+	r.changes.AscendGreaterOrEqual(changeAt(r.next), func(c change) bool {
+		if c.st.changed.after(r.end) {
 			return false
 		}
 		if len(evs) >= max || scanned == scanChunk {
-			r.next, done = c.at, false
+			r.next, done = c.st.changed, false
 			return false
 		}
 		scanned++
@@ -272,11 +272,11 @@ func (s *Subscription) List(namespace string, sel labels.Selector) []*Object {
 	s.src.mu.Unlock()
 	f := Filter{Namespace: namespace, Labels: sel}
 	var out []*Object
-	objs.AscendGreaterOrEqual(objItem{ns: namespace}, func(it objItem) bool {
-		if namespace != "" && it.ns != namespace {
+	objs.AscendGreaterOrEqual(objAt(namespace, ""), func(it objItem) bool {
+		if namespace != "" && it.object().Namespace != namespace {
 			return false
 		}
-		if o := it.st.ev.Object; f.matches(o.Namespace, o.Labels) && s.filter.matches(o.Namespace, o.Labels) {
+		if o := it.object(); f.matches(o.Namespace, o.Labels) && s.filter.matches(o.Namespace, o.Labels) {
 			out = append(out, o)
 		}
 		return true

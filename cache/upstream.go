@@ -45,8 +45,9 @@ type restUpstream struct {
 	pageSize  int64
 	timeout   time.Duration // per LIST page; idle time of a WatchList
 	stripMF   bool
-	watchList bool // try WatchList (sendInitialEvents) before LIST
-	protobuf  bool // ask for protobuf (the server may still answer JSON)
+	intern    *interner // may be nil
+	watchList bool      // try WatchList (sendInitialEvents) before LIST
+	protobuf  bool      // ask for protobuf (the server may still answer JSON)
 }
 
 // protobufAccept asks for protobuf, or JSON where a server has none.
@@ -117,6 +118,9 @@ func (u *restUpstream) listPages(ctx context.Context) ([]*Object, string, error)
 			if err != nil {
 				return nil, "", fmt.Errorf("decoding list of %s: %w", u.path, err)
 			}
+			for _, o := range items {
+				u.intern.object(o)
+			}
 			objs = append(objs, items...)
 			if next == "" {
 				return objs, rv, nil
@@ -141,7 +145,9 @@ func (u *restUpstream) listPages(ctx context.Context) ([]*Object, string, error)
 			if err != nil {
 				return nil, "", fmt.Errorf("decoding list of %s: %w", u.path, err)
 			}
-			objs = append(objs, withTypeMeta(o, page.APIVersion, kind, itemType))
+			o = withTypeMeta(o, page.APIVersion, kind, itemType)
+			u.intern.object(o)
+			objs = append(objs, o)
 		}
 		if page.Metadata.Continue == "" {
 			return objs, page.Metadata.ResourceVersion, nil
@@ -167,7 +173,7 @@ func (u *restUpstream) listByWatch(ctx context.Context) ([]*Object, string, erro
 		}
 		return nil, "", idleErr(err, idle)
 	}
-	ws := newRawWatchStream(body, u.stripMF)
+	ws := newRawWatchStream(body, u.stripMF, u.intern)
 	defer ws.close()
 	var objs []*Object
 	for {
@@ -199,7 +205,7 @@ func (u *restUpstream) watch(ctx context.Context, rv string) (watchStream, error
 	if err != nil {
 		return nil, err
 	}
-	return newRawWatchStream(body, u.stripMF), nil
+	return newRawWatchStream(body, u.stripMF, u.intern), nil
 }
 
 // maxFrameBytes bounds one watch event: far above any object the API
@@ -216,7 +222,8 @@ type rawWatchStream struct {
 	r       *bufio.Reader
 	buf     []byte // JSON: read, not yet consumed: the start of the next frame
 	stripMF bool
-	format  int // 0 until the first byte is read
+	intern  *interner // may be nil
+	format  int       // 0 until the first byte is read
 	// initialEventsEnd is set when the last Bookmark ended a WatchList's
 	// initial events.
 	initialEventsEnd bool
@@ -227,8 +234,8 @@ const (
 	formatProtobuf
 )
 
-func newRawWatchStream(body io.ReadCloser, stripMF bool) *rawWatchStream {
-	return &rawWatchStream{body: body, r: bufio.NewReaderSize(body, 64<<10), stripMF: stripMF}
+func newRawWatchStream(body io.ReadCloser, stripMF bool, intern *interner) *rawWatchStream {
+	return &rawWatchStream{body: body, r: bufio.NewReaderSize(body, 64<<10), stripMF: stripMF, intern: intern}
 }
 
 func (w *rawWatchStream) close() { w.body.Close() }
@@ -356,6 +363,7 @@ func (w *rawWatchStream) next() (EventType, *Object, string, error) {
 	if len(o.Data) > 0 && &o.Data[0] == &obj[0] {
 		o.Data = bytes.Clone(obj) // the frame's bytes are reused
 	}
+	w.intern.object(o)
 	return t, o, o.ResourceVersion, nil
 }
 

@@ -1,0 +1,475 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/informerd/informerd/client"
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+	"github.com/informerd/informerd/test/controlplane"
+)
+
+// The encodings `bench memory` stores Pods in: one client subscribes to
+// all Pods in the JSON view, the protobuf view or the metadata view (the
+// daemon stores JSON and projects it).
+const (
+	memJSON     = "json"
+	memProtobuf = "protobuf"
+	memMetadata = "metadata"
+)
+
+var memEncodings = []string{memJSON, memProtobuf, memMetadata}
+
+// memoryWorkload is what `bench memory` runs: for each Pod count (Pods
+// are added up to it), a daemon of its own per encoding with one
+// subscriber of every Pod, and client-go Pod informers for comparison.
+type memoryWorkload struct {
+	Pods      []int    `json:"pods"`
+	Encodings []string `json:"encodings"`
+}
+
+// memoryRun is one encoding at one Pod count, measured.
+type memoryRun struct {
+	Pods     int    `json:"pods"`
+	Encoding string `json:"encoding"`
+	// StoredBytesPerObject is the bytes the daemon stores per Pod: what
+	// the full view sends (the object as the API server sent it,
+	// managedFields cut); the metadata view stores the JSON objects.
+	StoredBytesPerObject float64 `json:"storedBytesPerObject"`
+	// The daemon's live heap (two forced GCs) and RSS with no stream
+	// (Empty) and with the subscriber synced (Synced); per object is the
+	// difference over the Pods, and Ratio is heap per object over
+	// stored bytes per object.
+	Empty              daemonState `json:"empty"`
+	Synced             daemonState `json:"synced"`
+	HeapBytesPerObject float64     `json:"heapBytesPerObject"`
+	RSSBytesPerObject  float64     `json:"rssBytesPerObject"`
+	Ratio              float64     `json:"ratio"`
+	// SyncSeconds: from subscribing to SYNCED; DaemonCPUSeconds: the
+	// daemon's CPU over the same time (the list and the snapshot).
+	SyncSeconds      float64 `json:"syncSeconds"`
+	DaemonCPUSeconds float64 `json:"daemonCpuSeconds"`
+	// Address (JSON run only): one WatchAddress stream added, which
+	// builds the address view of every Pod from the same Source; its heap
+	// per Pod is what the view keeps beyond the store.
+	Address *addressMemory `json:"address,omitempty"`
+}
+
+// addressMemory is what one WatchAddress stream added to the daemon.
+type addressMemory struct {
+	Heap             daemonState `json:"heap"`
+	HeapBytesPerPod  float64     `json:"heapBytesPerPod"`
+	DaemonCPUSeconds float64     `json:"daemonCpuSeconds"`
+}
+
+// informerRun is a client-go Pod informer in a process of its own, at one
+// Pod count: its live heap growth to sync and its RSS.
+type informerRun struct {
+	Pods               int     `json:"pods"`
+	Mode               string  `json:"mode"`
+	HeapBytes          uint64  `json:"heapBytes"`
+	HeapBytesPerObject float64 `json:"heapBytesPerObject"`
+	RSSBytes           uint64  `json:"rssBytes"`
+	SyncSeconds        float64 `json:"syncSeconds"`
+	CPUSeconds         float64 `json:"cpuSeconds"`
+}
+
+type memoryReport struct {
+	Machine   machine        `json:"machine"`
+	Workload  memoryWorkload `json:"workload"`
+	Command   string         `json:"command"`
+	Runs      []memoryRun    `json:"runs"`
+	Informers []informerRun  `json:"informers"`
+}
+
+// informerModes are the client-go comparisons: typed informers in
+// protobuf, and dynamic informers in JSON (client.go's modes).
+var informerModes = []string{modeDirectTyped, modeDirect}
+
+// runMemoryBench is `bench memory`: the daemon's heap and RSS per stored
+// Pod, per encoding, against client-go's informers.
+func runMemoryBench(args []string) error {
+	w := memoryWorkload{Pods: []int{10000, 30000}, Encodings: memEncodings}
+	if os.Getenv("BENCH_QUICK") == "1" {
+		w.Pods = []int{2000}
+	}
+	fs := flag.NewFlagSet("bench memory", flag.ContinueOnError)
+	bin := fs.String("bin", "_output/bin", "directory with the informerd binary")
+	out := fs.String("out", "_output/bench/memory.json", "where to write the results as JSON")
+	pods := fs.String("pods", joinInts(w.Pods), "comma-separated Pod counts, increasing (Pods are added up to each)")
+	encs := fs.String("encodings", strings.Join(w.Encodings, ","), "comma-separated encodings: "+strings.Join(memEncodings, ", "))
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var err error
+	if w.Pods, err = parseInts(*pods); err != nil {
+		return fmt.Errorf("-pods: %w", err)
+	}
+	if !slices.IsSorted(w.Pods) {
+		return fmt.Errorf("-pods: %s is not increasing", *pods)
+	}
+	w.Encodings = strings.Split(*encs, ",")
+	for _, e := range w.Encodings {
+		if !slices.Contains(memEncodings, e) {
+			return fmt.Errorf("-encodings: unknown encoding %q (want one of %s)", e, strings.Join(memEncodings, ", "))
+		}
+	}
+	informerd, self, err := binaries(*bin)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	say("starting the control plane (etcd, kube-apiserver, kwok with one fake node)")
+	cp, err := controlplane.Start(ctx, controlplane.Options{FakeNode: true})
+	if err != nil {
+		return err
+	}
+	defer cp.Stop()
+	h := &memoryHarness{harness: harness{cp: cp, self: self, informerd: informerd}}
+	if err := h.setup(ctx); err != nil {
+		return err
+	}
+	defer os.RemoveAll(h.tokens)
+
+	rep := memoryReport{Machine: describeMachine(cp), Workload: w, Command: memoryCommand(args)}
+	for _, n := range w.Pods {
+		if err := h.createPods(ctx, n); err != nil {
+			return err
+		}
+		for _, enc := range w.Encodings {
+			say("run: %d Pods, %s", n, enc)
+			r, err := h.run(ctx, n, enc)
+			if err != nil {
+				return fmt.Errorf("%d Pods, %s: %w", n, enc, err)
+			}
+			rep.Runs = append(rep.Runs, r)
+			if err := writeReport(*out, rep); err != nil { // what is done so far
+				return err
+			}
+		}
+		for _, mode := range informerModes {
+			say("run: %d Pods, client-go %s", n, mode)
+			r, err := h.informer(ctx, n, mode)
+			if err != nil {
+				return fmt.Errorf("%d Pods, client-go %s: %w", n, mode, err)
+			}
+			rep.Informers = append(rep.Informers, r)
+			if err := writeReport(*out, rep); err != nil {
+				return err
+			}
+		}
+	}
+	rep.print(os.Stdout)
+	return writeReport(*out, rep)
+}
+
+func memoryCommand(args []string) string {
+	cmd := "make bench-memory"
+	if os.Getenv("BENCH_QUICK") == "1" {
+		cmd = "make bench-memory BENCH_QUICK=1"
+	}
+	return makeCommand(cmd, "BENCH_MEMORY_FLAGS", args)
+}
+
+type memoryHarness struct {
+	harness
+	created    int
+	subscriber string // token file: informerd, every Pod in every namespace
+	apiToken   string // token file: the API server, Pods and ConfigMaps in namespace
+}
+
+// setup creates the namespace, the subscriber's and the informers'
+// ServiceAccounts and the scraper.
+func (h *memoryHarness) setup(ctx context.Context) error {
+	admin := h.admin()
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	if _, err := admin.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	pods := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}}
+	for _, g := range []struct {
+		name, ns string
+		rule     rbacv1.PolicyRule
+	}{{"memory", "", pods}, {"memory-informer", namespace, readRule}, {"scraper", "", scrapeRule}} {
+		if _, err := controlplane.ServiceAccountToken(ctx, admin, namespace, g.name); err != nil {
+			return err
+		}
+		if err := controlplane.Grant(ctx, admin, namespace, g.name, g.ns, g.rule); err != nil {
+			return err
+		}
+	}
+	var err error
+	if h.scraper, err = controlplane.ServiceAccountToken(ctx, admin, namespace, "scraper", "informerd"); err != nil {
+		return err
+	}
+	if h.tokens, err = os.MkdirTemp("", "informerd-bench-tokens-"); err != nil {
+		return err
+	}
+	if h.subscriber, err = h.tokenFile(ctx, "memory", "informerd"); err != nil {
+		return err
+	}
+	h.apiToken, err = h.tokenFile(ctx, "memory-informer", "")
+	return err
+}
+
+// createPods adds Pods until there are n, and waits until kwok runs them
+// all, so that what is measured is a cluster at rest.
+func (h *memoryHarness) createPods(ctx context.Context, n int) error {
+	admin := h.admin()
+	start := time.Now()
+	say("creating Pods %d to %d", h.created, n-1)
+	if err := parallel(ctx, n-h.created, func(ctx context.Context, i int) error {
+		_, err := admin.CoreV1().Pods(namespace).Create(ctx, benchPod(h.created+i), metav1.CreateOptions{})
+		return err
+	}); err != nil {
+		return err
+	}
+	h.created = n
+	err := wait.PollUntilContextTimeout(ctx, 5*time.Second, 30*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{FieldSelector: "status.phase!=Running"})
+		if err == nil && len(l.Items) > 0 {
+			say("%d of %d Pods are not Running yet", len(l.Items), n)
+		}
+		return err == nil && len(l.Items) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the pods to run: %w", err)
+	}
+	say("%d Pods running after %s", n, time.Since(start).Round(time.Second))
+	return nil
+}
+
+// run measures one encoding at n Pods on a daemon of its own.
+func (h *memoryHarness) run(ctx context.Context, n int, enc string) (memoryRun, error) {
+	r := memoryRun{Pods: n, Encoding: enc}
+	d, err := startDaemon(ctx, h.informerd, h.cp.KubeconfigPath)
+	if err != nil {
+		return r, err
+	}
+	defer d.stop()
+	if r.Empty, err = h.state(ctx, d); err != nil {
+		return r, err
+	}
+	c, err := client.Dial(d.socket, client.WithTokenFile(h.subscriber))
+	if err != nil {
+		return r, err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	cpu0, err := d.cpu()
+	if err != nil {
+		return r, err
+	}
+	start := time.Now()
+	opts := client.WatchOptions{Resource: podsGVR, ClientName: "memory", Protobuf: enc == memProtobuf, MetadataOnly: enc == memMetadata}
+	s, err := c.Stream(ctx, opts, "")
+	if err != nil {
+		return r, err
+	}
+	defer s.Close()
+	objects, bytes, err := recvUntilSynced(s)
+	if err != nil {
+		return r, err
+	}
+	if objects != n {
+		return r, fmt.Errorf("the snapshot had %d Pods, want %d", objects, n)
+	}
+	r.SyncSeconds = time.Since(start).Seconds()
+	cpu1, err := d.cpu()
+	if err != nil {
+		return r, err
+	}
+	r.DaemonCPUSeconds = cpu1 - cpu0
+	if r.Synced, err = h.state(ctx, d); err != nil {
+		return r, err
+	}
+	r.HeapBytesPerObject = (float64(r.Synced.HeapLiveBytes) - float64(r.Empty.HeapLiveBytes)) / float64(n)
+	r.RSSBytesPerObject = (float64(r.Synced.RSSBytes) - float64(r.Empty.RSSBytes)) / float64(n)
+	if enc == memMetadata {
+		// The daemon stores the JSON objects and projects them: fetch them
+		// in the full JSON view for their size.
+		if _, bytes, err = h.fullJSON(ctx, c); err != nil {
+			return r, err
+		}
+	}
+	r.StoredBytesPerObject = float64(bytes) / float64(n)
+	r.Ratio = r.HeapBytesPerObject / r.StoredBytesPerObject
+	if enc == memJSON {
+		if r.Address, err = h.address(ctx, d, c, n, r.Synced); err != nil {
+			return r, fmt.Errorf("address view: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// fullJSON streams every Pod in the full JSON view once and returns their
+// count and bytes.
+func (h *memoryHarness) fullJSON(ctx context.Context, c *client.Client) (int, int, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := c.Stream(ctx, client.WatchOptions{Resource: podsGVR, ClientName: "memory-size"}, "")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer s.Close()
+	return recvUntilSynced(s)
+}
+
+// recvUntilSynced reads a stream's snapshot and returns its objects and
+// their bytes.
+func recvUntilSynced(s *client.Stream) (objects, bytes int, err error) {
+	for {
+		evs, err := s.Recv()
+		if err != nil {
+			return objects, bytes, err
+		}
+		for _, ev := range evs {
+			switch ev.GetType() {
+			case informerdv1.EventType_EVENT_TYPE_SYNCED:
+				return objects, bytes, nil
+			case informerdv1.EventType_EVENT_TYPE_ADDED:
+				objects++
+				bytes += len(ev.GetObject())
+			}
+		}
+	}
+}
+
+// address opens one WatchAddress stream for a Pod's IP:port next to the
+// JSON subscriber, whose Source it shares, and returns what the address
+// view added to the daemon.
+func (h *memoryHarness) address(ctx context.Context, d *daemon, c *client.Client, n int, before daemonState) (*addressMemory, error) {
+	pod, err := h.admin().CoreV1().Pods(namespace).Get(ctx, benchPod(0).Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	ap, err := netip.ParseAddrPort(pod.Status.PodIP + ":" + strconv.Itoa(addressPort))
+	if err != nil {
+		return nil, fmt.Errorf("pod %s: %w", pod.Name, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cpu0, err := d.cpu()
+	if err != nil {
+		return nil, err
+	}
+	answered := make(chan *informerdv1.WatchAddressResponse, 1)
+	aw := client.NewAddressWatcher(c, client.AddressOptions{Address: ap, ClientName: "memory-address"}, func(a *informerdv1.WatchAddressResponse) {
+		select {
+		case answered <- a:
+		default:
+		}
+	}, client.AddressWatcherOptions{})
+	done := make(chan error, 1)
+	go func() { done <- aw.Run(ctx) }() // ends with ctx (cancel, deferred)
+	defer func() {
+		cancel()
+		if err := <-done; err != nil { // Run returns nil when ctx ends
+			say("WatchAddress: %v", err)
+		}
+	}()
+	select {
+	case a := <-answered:
+		if a.GetPod() == nil {
+			return nil, fmt.Errorf("no pod behind %s in the first answer", ap)
+		}
+	case err := <-done:
+		return nil, fmt.Errorf("WatchAddress ended: %w", err)
+	case <-time.After(5 * time.Minute):
+		return nil, errors.New("no answer from WatchAddress within 5 minutes")
+	}
+	cpu1, err := d.cpu()
+	if err != nil {
+		return nil, err
+	}
+	st, err := h.state(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	return &addressMemory{
+		Heap:             st,
+		HeapBytesPerPod:  (float64(st.HeapLiveBytes) - float64(before.HeapLiveBytes)) / float64(n),
+		DaemonCPUSeconds: cpu1 - cpu0,
+	}, nil
+}
+
+// state reads the daemon's live heap and RSS.
+func (h *memoryHarness) state(ctx context.Context, d *daemon) (daemonState, error) {
+	heap, err := d.heapLive(ctx, h.scraper)
+	if err != nil {
+		return daemonState{}, err
+	}
+	rss, err := procRSS(d.pid())
+	return daemonState{HeapLiveBytes: heap, RSSBytes: rss}, err
+}
+
+// informer runs a client-go informer of the namespace's Pods (and of its
+// ConfigMaps, which are none) in a client process of mode, and returns
+// what it holds once synced: its store is complete then, though its
+// handlers may not have seen every object yet.
+func (h *memoryHarness) informer(ctx context.Context, n int, mode string) (informerRun, error) {
+	r := informerRun{Pods: n, Mode: mode}
+	p, err := startClient(ctx, h.self, []string{"client", "-mode", mode, "-namespace", namespace, "-updates", "0",
+		"-kubeconfig", h.cp.KubeconfigPath, "-token-file", h.apiToken, "-name", "memory-" + mode})
+	if err != nil {
+		return r, err
+	}
+	defer p.kill()
+	if err := p.waitSynced(ctx); err != nil {
+		return r, err
+	}
+	res, err := p.result()
+	if err != nil {
+		return r, err
+	}
+	r.HeapBytes = res.HeapLiveSynced - res.HeapLiveBase
+	r.HeapBytesPerObject = float64(r.HeapBytes) / float64(n)
+	r.RSSBytes, r.SyncSeconds, r.CPUSeconds = res.RSSBytes, res.SyncSeconds, res.CPUSeconds
+	return r, nil
+}
+
+func (rep memoryReport) print(out io.Writer) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "pods\tencoding\tstored B/pod\theap B/pod\tratio\tRSS B/pod\theap MiB\tRSS MiB\tsync s\tdaemon CPU s\t")
+	for _, r := range rep.Runs {
+		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.0f\t%.2f\t%.0f\t%.1f\t%.1f\t%.1f\t%.2f\t\n", r.Pods, r.Encoding, r.StoredBytesPerObject,
+			r.HeapBytesPerObject, r.Ratio, r.RSSBytesPerObject, mib(r.Synced.HeapLiveBytes), mib(r.Synced.RSSBytes), r.SyncSeconds, r.DaemonCPUSeconds)
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "pods\taddress view\theap B/pod\tdaemon CPU s\t")
+	for _, r := range rep.Runs {
+		if r.Address != nil {
+			fmt.Fprintf(tw, "%d\tWatchAddress\t%.0f\t%.2f\t\n", r.Pods, r.Address.HeapBytesPerPod, r.Address.DaemonCPUSeconds)
+		}
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "pods\tclient-go\theap B/pod\theap MiB\tRSS MiB\tsync s\tCPU s\t")
+	for _, r := range rep.Informers {
+		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.1f\t%.1f\t%.1f\t%.2f\t\n", r.Pods, r.Mode, r.HeapBytesPerObject, mib(float64(r.HeapBytes)), mib(r.RSSBytes), r.SyncSeconds, r.CPUSeconds)
+	}
+	tw.Flush()
+}
+
+func mib[T uint64 | float64](b T) float64 { return float64(b) / (1 << 20) }
