@@ -964,7 +964,7 @@ func (f *fleet) upgrade(ctx context.Context) (*fleetDisruption, error) {
 	s := h.sample(ctx)
 	defer s.stop()
 	churn := h.churn(ctx)
-	defer churn()
+	defer func() { _ = churn() }() // on an early return; the error is the wave's
 	start := time.Now()
 	wave := max(1, f.k/10)
 	var catchUps []float64

@@ -150,7 +150,7 @@ func runFleetNodes(args []string) error {
 	srv := &http.Server{Handler: mux}
 	go func() { _ = srv.Serve(l) }() // ends at Close below
 	_, _ = io.Copy(io.Discard, os.Stdin)
-	srv.Close()
+	_ = srv.Close()
 	f.mu.Lock()
 	nodes := make([]int, 0, len(f.consumers))
 	for k := range f.consumers {
