@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -180,18 +179,12 @@ func runFleetBench(args []string) error {
 		return errors.New("-pods-per-node and -rate must be at least 1; -steady, -outage and -recovery-window positive")
 	}
 	w.SteadySeconds, w.OutageSeconds, w.WindowSeconds = w.Steady.Seconds(), w.Outage.Seconds(), w.RecoveryWindow.Seconds()
-	informerd, self, err := binaries(*bin)
+	env, err := startBench(*bin, "etcd, kube-apiserver, kwok", controlplane.Options{FakeNode: true})
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	say("starting the control plane (etcd, kube-apiserver, kwok)")
-	cp, err := controlplane.Start(ctx, controlplane.Options{FakeNode: true})
-	if err != nil {
-		return err
-	}
-	defer cp.Stop()
+	defer env.close()
+	ctx, cp, informerd, self := env.ctx, env.cp, env.informerd, env.self
 	h := &fleetHarness{cp: cp, w: w, self: self, informerd: informerd}
 	h.admin = kubernetes.NewForConfigOrDie(h.adminConfig())
 	if h.dir, err = os.MkdirTemp("", "informerd-fleet-"); err != nil {

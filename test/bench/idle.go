@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -147,19 +145,12 @@ func runIdleBench(args []string) error {
 	}
 	w.SettleSeconds, w.WindowSeconds = w.Settle.Seconds(), w.Window.Seconds()
 	w.DaemonArgs = strings.Fields(*daemonArgs)
-	informerd, self, err := binaries(*bin)
+	env, err := startBench(*bin, "etcd, kube-apiserver, kwok with one fake node", controlplane.Options{FakeNode: true})
 	if err != nil {
 		return err
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	say("starting the control plane (etcd, kube-apiserver, kwok with one fake node)")
-	cp, err := controlplane.Start(ctx, controlplane.Options{FakeNode: true})
-	if err != nil {
-		return err
-	}
-	defer cp.Stop()
+	defer env.close()
+	ctx, cp, informerd, self := env.ctx, env.cp, env.informerd, env.self
 	h := &idleHarness{
 		harness: harness{cp: cp, w: workload{ConfigMaps: w.ConfigMaps, ObjectSize: 1024, Pods: w.Pods}, self: self, informerd: informerd},
 		w:       w,

@@ -122,19 +122,12 @@ func run() error {
 	if w.ConfigMaps < 1 || w.Updates < 1 || w.Rate < 1 || w.Pods < 0 || w.IdleWindow <= 0 {
 		return errors.New("-configmaps, -updates and -rate must be at least 1, -pods at least 0, -idle-window positive")
 	}
-	informerd, self, err := binaries(*bin)
+	env, err := startBench(*bin, "etcd, kube-apiserver, kwok with one fake node", controlplane.Options{FakeNode: true})
 	if err != nil {
 		return err
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	say("starting the control plane (etcd, kube-apiserver, kwok with one fake node)")
-	cp, err := controlplane.Start(ctx, controlplane.Options{FakeNode: true})
-	if err != nil {
-		return err
-	}
-	defer cp.Stop()
+	defer env.close()
+	ctx, cp, informerd, self := env.ctx, env.cp, env.informerd, env.self
 	h := &harness{cp: cp, w: w, self: self, informerd: informerd}
 	if err := h.populate(ctx); err != nil {
 		return err
@@ -162,6 +155,37 @@ func run() error {
 	rep.summarize()
 	rep.print(os.Stdout)
 	return writeReport(*out, rep)
+}
+
+// benchEnv is what each benchmark starts from: the informerd binary and
+// this one, a context that SIGINT and SIGTERM end, and a control plane.
+type benchEnv struct {
+	ctx             context.Context
+	stop            context.CancelFunc
+	cp              *controlplane.ControlPlane
+	informerd, self string
+}
+
+// startBench finds the binaries in bin and starts a control plane with
+// opts (what names its parts, for the log); close stops it.
+func startBench(bin, what string, opts controlplane.Options) (*benchEnv, error) {
+	informerd, self, err := binaries(bin)
+	if err != nil {
+		return nil, err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	say("starting the control plane (%s)", what)
+	cp, err := controlplane.Start(ctx, opts)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return &benchEnv{ctx: ctx, stop: stop, cp: cp, informerd: informerd, self: self}, nil
+}
+
+func (e *benchEnv) close() {
+	e.cp.Stop()
+	e.stop()
 }
 
 // binaries returns the informerd binary in bin and this one.

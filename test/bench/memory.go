@@ -8,11 +8,9 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -131,18 +129,12 @@ func runMemoryBench(args []string) error {
 			return fmt.Errorf("-encodings: unknown encoding %q (want one of %s)", e, strings.Join(memEncodings, ", "))
 		}
 	}
-	informerd, self, err := binaries(*bin)
+	env, err := startBench(*bin, "etcd, kube-apiserver, kwok with one fake node", controlplane.Options{FakeNode: true})
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	say("starting the control plane (etcd, kube-apiserver, kwok with one fake node)")
-	cp, err := controlplane.Start(ctx, controlplane.Options{FakeNode: true})
-	if err != nil {
-		return err
-	}
-	defer cp.Stop()
+	defer env.close()
+	ctx, cp, informerd, self := env.ctx, env.cp, env.informerd, env.self
 	h := &memoryHarness{harness: harness{cp: cp, self: self, informerd: informerd}}
 	if err := h.setup(ctx); err != nil {
 		return err

@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -107,21 +106,15 @@ func runStatusBench(args []string) error {
 			return fmt.Errorf("-modes: unknown mode %q (want one of %s)", m, strings.Join(applierModes, ", "))
 		}
 	}
-	informerd, self, err := binaries(*bin)
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	say("starting the control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok with one fake node)")
-	cp, err := controlplane.Start(ctx, controlplane.Options{
+	env, err := startBench(*bin, "etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok with one fake node", controlplane.Options{
 		ControllerManager: true, FakeNode: true,
 		ControllerManagerFlags: []string{"--kube-api-qps=" + strconv.Itoa(w.ControllerQPS), "--kube-api-burst=" + strconv.Itoa(2*w.ControllerQPS)},
 	})
 	if err != nil {
 		return err
 	}
-	defer cp.Stop()
+	defer env.close()
+	ctx, cp, informerd, self := env.ctx, env.cp, env.informerd, env.self
 	h := &statusHarness{cp: cp, w: w, self: self, informerd: informerd, timeout: *timeout, profiles: *profiles}
 	if h.tokens, err = os.MkdirTemp("", "informerd-bench-tokens-"); err != nil {
 		return err
