@@ -116,7 +116,7 @@ func benchPodObject(tb testing.TB, i int, touched bool) *cache.Object {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return &cache.Object{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Labels: p.Labels, APIVersion: "v1", Kind: "Pod", Data: data}
+	return &cache.Object{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, Data: data}
 }
 
 // BenchmarkRelatedUpdate: with 10,000 pods and 1,000 watched addresses,

@@ -28,6 +28,7 @@ func keyOf(o *cache.Object) objKey { return objKey{o.Namespace, o.Name} }
 // rest of the cache's bytes.
 type podJSON struct {
 	Metadata struct {
+		UID               string                  `json:"uid"`
 		CreationTimestamp string                  `json:"creationTimestamp"`
 		DeletionTimestamp *string                 `json:"deletionTimestamp"`
 		OwnerReferences   []metav1.OwnerReference `json:"ownerReferences"`
@@ -73,7 +74,7 @@ func decodePod(o *cache.Object) (*Pod, error) {
 		return nil, nil
 	}
 	p := &Pod{
-		Namespace: o.Namespace, Name: o.Name, UID: o.UID, Labels: o.Labels,
+		Namespace: o.Namespace, Name: o.Name, UID: j.Metadata.UID, Labels: o.Labels,
 		ServiceAccount: j.Spec.ServiceAccountName, Phase: string(st.Phase),
 	}
 	if p.Phase == "" {
@@ -143,17 +144,18 @@ type ownerObj struct {
 // Job in the cache's JSON.
 func decodeOwner(o *cache.Object) (*ownerObj, error) {
 	if cache.IsProtobuf(o.Data) {
-		return nil, fmt.Errorf("%s %s/%s: protobuf is not read here; subscribe in JSON", o.Kind, o.Namespace, o.Name)
+		return nil, fmt.Errorf("%s/%s: protobuf is not read here; subscribe in JSON", o.Namespace, o.Name)
 	}
 	var j struct {
 		Metadata struct {
+			UID             string                  `json:"uid"`
 			OwnerReferences []metav1.OwnerReference `json:"ownerReferences"`
 		} `json:"metadata"`
 	}
 	if err := json.Unmarshal(o.Data, &j); err != nil {
-		return nil, fmt.Errorf("%s %s/%s: %w", o.Kind, o.Namespace, o.Name, err)
+		return nil, fmt.Errorf("%s/%s: %w", o.Namespace, o.Name, err)
 	}
-	return &ownerObj{uid: o.UID, controller: controllerOf(j.Metadata.OwnerReferences)}, nil
+	return &ownerObj{uid: j.Metadata.UID, controller: controllerOf(j.Metadata.OwnerReferences)}, nil
 }
 
 // appendIP appends the IP s unless it is empty, invalid or already there.

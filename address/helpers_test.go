@@ -96,7 +96,7 @@ func podObject(t testing.TB, o podOpts) *cache.Object {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &cache.Object{Namespace: o.ns, Name: o.name, UID: o.uid, Labels: o.labels, APIVersion: "v1", Kind: "Pod", Data: b}
+	return &cache.Object{Namespace: o.ns, Name: o.name, Labels: o.labels, Data: b}
 }
 
 // decoded is podObject decoded as the pod reader decodes it.
@@ -126,7 +126,7 @@ func serverObject(t testing.TB, ns, name string, selector map[string]string, por
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &cache.Object{Namespace: ns, Name: name, APIVersion: "policy.test/v1", Kind: "Server", Data: b}
+	return &cache.Object{Namespace: ns, Name: name, Data: b}
 }
 
 func decodedServer(t testing.TB, ns, name string, selector map[string]string, port any, protocol string) *relObj {

@@ -35,7 +35,7 @@ func ownerObject(t testing.TB, kind, ns, name, uid string, owner *metav1.OwnerRe
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &cache.Object{Namespace: ns, Name: name, UID: uid, Kind: kind, Data: b}
+	return &cache.Object{Namespace: ns, Name: name, Data: b}
 }
 
 // TestWorkload: the workload is the controller's controller through a

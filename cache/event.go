@@ -47,14 +47,15 @@ func (t EventType) String() string {
 // Object is one stored object: its encoding as the API server sent it and
 // the metadata needed to filter and index it. An Object is immutable once
 // published.
+//
+// Every byte of an Object is paid per object on every node, so it keeps
+// only what filtering and indexing read on the hot path; the rest of the
+// object (apiVersion, kind, uid, ...) is in Data, for the rare reader.
 type Object struct {
 	Namespace       string
 	Name            string
-	UID             string
 	ResourceVersion string
 	Labels          labels.Set
-	// APIVersion and Kind as the API server sent them.
-	APIVersion, Kind string
 	// Data is the object, managedFields removed unless the Manager keeps
 	// them: JSON, or, for built-in types watched in protobuf, the API
 	// server's protobuf encoding (see IsProtobuf).
@@ -85,11 +86,34 @@ type Event struct {
 	// a subscriber whose selector the object leaves receives it as
 	// deleted, at the event's resourceVersion, as the API server sends it.
 	prev *Object
-	// variants memoizes the Added and Deleted variants of a Modified event
-	// that filtered subscribers see, so that their encodings are shared
-	// too; allocated only for an event that has one.
-	variants atomic.Pointer[variants]
-	frames   [MaxFrameSlots]atomic.Pointer[any]
+	// memo holds what is memoized of e, allocated at the first encoding:
+	// an Event out of the log keeps none, and a stored object pays only
+	// for the pointer.
+	memo atomic.Pointer[memo]
+}
+
+// memo is what an Event memoizes while it is in the log: its encodings,
+// one per slot, and the Added and Deleted variants of a Modified event
+// that filtered subscribers see, so that their encodings are shared too.
+type memo struct {
+	frames         [MaxFrameSlots]atomic.Pointer[any]
+	added, deleted atomic.Pointer[Event]
+}
+
+// memoized returns e's memo, allocating it if need be. If e is forgotten
+// meanwhile, the memo returned is the caller's alone.
+func (e *Event) memoized() *memo {
+	if m := e.memo.Load(); m != nil {
+		return m
+	}
+	m := &memo{}
+	if e.memo.CompareAndSwap(nil, m) {
+		return m
+	}
+	if cur := e.memo.Load(); cur != nil { // nil: forgotten meanwhile
+		return cur
+	}
+	return m
 }
 
 // Encoded returns the encoding of e for slot (see MaxFrameSlots), computing
@@ -98,17 +122,15 @@ type Event struct {
 // every caller afterwards gets it, until e leaves its Source's log (see
 // Event). Callers must use one T per slot.
 func Encoded[T any](e *Event, slot int, encode func(*Event) T) T {
-	if p := e.frames[slot].Load(); p != nil {
+	f := &e.memoized().frames[slot]
+	if p := f.Load(); p != nil {
 		return (*p).(T)
 	}
 	var v any = encode(e)
-	if e.frames[slot].CompareAndSwap(nil, &v) {
+	if f.CompareAndSwap(nil, &v) {
 		return v.(T)
 	}
-	if p := e.frames[slot].Load(); p != nil { // nil: forgotten meanwhile
-		return (*p).(T)
-	}
-	return v.(T)
+	return (*f.Load()).(T)
 }
 
 // as returns the variant of e with type t, sharing its object and
@@ -121,18 +143,10 @@ func (e *Event) as(t EventType) *Event {
 	case t != Added && t != Deleted:
 		return &Event{Type: t, Object: e.Object, ResourceVersion: e.ResourceVersion}
 	}
-	vs := e.variants.Load()
-	if vs == nil {
-		vs = &variants{}
-		if !e.variants.CompareAndSwap(nil, vs) {
-			if cur := e.variants.Load(); cur != nil { // nil: forgotten meanwhile
-				vs = cur
-			}
-		}
-	}
-	slot := &vs.added
+	m := e.memoized()
+	slot := &m.added
 	if t == Deleted {
-		slot = &vs.deleted
+		slot = &m.deleted
 	}
 	if v := slot.Load(); v != nil {
 		return v
@@ -159,15 +173,7 @@ func (e *Event) copyAs(t EventType) *Event {
 // forget drops what e memoizes, as it leaves the log. A reader encoding e
 // meanwhile may memoize once more; that costs one encoding, bounded by the
 // views, until e is forgotten again or replaced in the store.
-func (e *Event) forget() {
-	for i := range e.frames {
-		e.frames[i].Store(nil)
-	}
-	e.variants.Store(nil)
-}
-
-// variants are an Event's memoized variants (see Event.as).
-type variants struct{ added, deleted atomic.Pointer[Event] }
+func (e *Event) forget() { e.memo.Store(nil) }
 
 // labelsBefore returns the labels the object had before a Modified event:
 // its previous object's, kept only when they differ.

@@ -36,7 +36,7 @@ func BenchmarkUpstreamFormat(b *testing.B) {
 				b.SetBytes(int64(len(f.data)))
 				b.ReportAllocs()
 				for b.Loop() {
-					if _, err := decodeAnyObject(f.data, true); err != nil {
+					if _, _, err := decodeAnyObject(f.data, true); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -24,21 +24,21 @@ func FuzzDecodeObject(f *testing.F) {
 	}
 	tm := []byte(`{"apiVersion":"v1","kind":"ConfigMap",`)
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		want, wantDoc, wantErr := referenceDecode(raw, true)
-		got, err := decodeObject(raw, true)
+		want, wantH, wantDoc, wantErr := referenceDecode(raw, true)
+		got, gotH, err := decodeObject(raw, true)
 		if (err != nil) != (wantErr != nil) {
 			t.Fatalf("decodeObject(%q): error %v, encoding/json: %v", raw, err, wantErr)
 		}
 		if err != nil {
 			return
 		}
-		compareDecoded(t, raw, got, want, wantDoc)
+		compareDecoded(t, raw, got, want, gotH, wantH, wantDoc)
 		if _, err := ViewMetadata.Project(got); err != nil {
 			t.Fatalf("metadata view of %s: %v", got.Data, err)
 		}
-		typed := withTypeMeta(got, "v1", "ConfigMap", tm)
-		if _, err := decodeObject(typed.Data, true); err != nil {
-			t.Fatalf("withTypeMeta gave %s, which does not decode: %v", typed.Data, err)
+		typed := withTypeMeta(got.Data, tm)
+		if _, _, err := decodeObject(typed, true); err != nil {
+			t.Fatalf("withTypeMeta gave %s, which does not decode: %v", typed, err)
 		}
 	})
 }
@@ -58,14 +58,14 @@ var decodeSeeds = []string{
 
 // referenceDecode is decodeObject written with encoding/json: the
 // specification the fuzz test holds the scanner to.
-func referenceDecode(raw []byte, strip bool) (*Object, any, error) {
+func referenceDecode(raw []byte, strip bool) (*Object, header, any, error) {
 	doc, err := decodeDoc(raw)
 	if err != nil {
-		return nil, nil, err
+		return nil, header{}, nil, err
 	}
 	top, ok := doc.(map[string]any)
 	if !ok {
-		return nil, nil, errors.New("not an object")
+		return nil, header{}, nil, errors.New("not an object")
 	}
 	text := func(m map[string]any, k string) (string, error) {
 		switch v := m[k].(type) {
@@ -77,15 +77,16 @@ func referenceDecode(raw []byte, strip bool) (*Object, any, error) {
 		return "", fmt.Errorf("%s is not a string", k)
 	}
 	o := &Object{}
+	var h header
 	var errs [8]error
-	o.APIVersion, errs[0] = text(top, "apiVersion")
-	o.Kind, errs[1] = text(top, "kind")
+	h.apiVersion, errs[0] = text(top, "apiVersion")
+	h.kind, errs[1] = text(top, "kind")
 	switch meta := top["metadata"].(type) {
 	case nil:
 	case map[string]any:
 		o.Namespace, errs[2] = text(meta, "namespace")
 		o.Name, errs[3] = text(meta, "name")
-		o.UID, errs[4] = text(meta, "uid")
+		h.uid, errs[4] = text(meta, "uid")
 		o.ResourceVersion, errs[5] = text(meta, "resourceVersion")
 		switch l := meta["labels"].(type) {
 		case nil:
@@ -106,7 +107,7 @@ func referenceDecode(raw []byte, strip bool) (*Object, any, error) {
 	default:
 		errs[7] = errors.New("metadata is not an object")
 	}
-	return o, top, errors.Join(errs[:]...)
+	return o, h, top, errors.Join(errs[:]...)
 }
 
 // decodeDoc decodes one JSON document, numbers as text.
@@ -123,12 +124,11 @@ func decodeDoc(raw []byte) (any, error) {
 	return doc, nil
 }
 
-func compareDecoded(t *testing.T, raw []byte, got, want *Object, wantDoc any) {
+func compareDecoded(t *testing.T, raw []byte, got, want *Object, gotH, wantH header, wantDoc any) {
 	t.Helper()
-	if got.APIVersion != want.APIVersion || got.Kind != want.Kind || got.Namespace != want.Namespace ||
-		got.Name != want.Name || got.UID != want.UID || got.ResourceVersion != want.ResourceVersion ||
+	if gotH != wantH || got.Namespace != want.Namespace || got.Name != want.Name || got.ResourceVersion != want.ResourceVersion ||
 		!maps.Equal(got.Labels, want.Labels) || (got.Labels == nil) != (want.Labels == nil) {
-		t.Fatalf("decodeObject(%q) = %+v, encoding/json reads %+v", raw, *got, *want)
+		t.Fatalf("decodeObject(%q) = %+v %+v, encoding/json reads %+v %+v", raw, *got, gotH, *want, wantH)
 	}
 	gotDoc, err := decodeDoc(got.Data)
 	if err != nil {
@@ -141,14 +141,14 @@ func compareDecoded(t *testing.T, raw []byte, got, want *Object, wantDoc any) {
 
 func TestDecodeObject(t *testing.T) {
 	for _, seed := range decodeSeeds {
-		want, wantDoc, wantErr := referenceDecode([]byte(seed), true)
-		got, err := decodeObject([]byte(seed), true)
+		want, wantH, wantDoc, wantErr := referenceDecode([]byte(seed), true)
+		got, gotH, err := decodeObject([]byte(seed), true)
 		if (err != nil) != (wantErr != nil) {
 			t.Errorf("decodeObject(%q): error %v, encoding/json: %v", seed, err, wantErr)
 			continue
 		}
 		if err == nil {
-			compareDecoded(t, []byte(seed), got, want, wantDoc)
+			compareDecoded(t, []byte(seed), got, want, gotH, wantH, wantDoc)
 		}
 	}
 	// Stripping keeps the bytes around managedFields as they were.
@@ -158,11 +158,11 @@ func TestDecodeObject(t *testing.T) {
 		`{"metadata":{"managedFields":[]}}`:                                `{"metadata":{}}`,
 		`{"metadata":{"a":1,"managedFields":[],"b":2,"managedFields":[]}}`: `{"metadata":{"a":1,"b":2}}`,
 	} {
-		got, err := decodeObject([]byte(in), true)
+		got, _, err := decodeObject([]byte(in), true)
 		if err != nil || string(got.Data) != want {
 			t.Errorf("decodeObject(%s) = %s, %v; want %s", in, got.Data, err, want)
 		}
-		kept, err := decodeObject([]byte(in), false)
+		kept, _, err := decodeObject([]byte(in), false)
 		if err != nil || string(kept.Data) != in {
 			t.Errorf("decodeObject(%s) without strip changed the bytes: %s, %v", in, kept.Data, err)
 		}
@@ -205,7 +205,7 @@ func BenchmarkDecodeObject(b *testing.B) {
 		b.SetBytes(int64(len(raw)))
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := decodeObject(raw, true); err != nil {
+			if _, _, err := decodeObject(raw, true); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -239,8 +239,8 @@ func encodingJSONDecode(raw []byte) (*Object, error) {
 	if err := json.Unmarshal(raw, &h); err != nil {
 		return nil, err
 	}
-	o := &Object{Namespace: h.Metadata.Namespace, Name: h.Metadata.Name, UID: h.Metadata.UID,
-		ResourceVersion: h.Metadata.ResourceVersion, Labels: h.Metadata.Labels, APIVersion: h.APIVersion, Kind: h.Kind, Data: raw}
+	o := &Object{Namespace: h.Metadata.Namespace, Name: h.Metadata.Name,
+		ResourceVersion: h.Metadata.ResourceVersion, Labels: h.Metadata.Labels, Data: raw}
 	if len(h.Metadata.ManagedFields) > 0 {
 		var top map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &top); err != nil {

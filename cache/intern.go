@@ -35,8 +35,7 @@ func newInterner() *interner {
 	return &interner{strs: map[string]string{}, sets: map[string]labels.Set{}}
 }
 
-// object replaces o's namespace, apiVersion, kind and labels with shared
-// copies. o must not be published yet.
+// object replaces o's namespace and labels with shared copies. o must not be published yet.
 func (in *interner) object(o *Object) {
 	if in == nil {
 		return
@@ -44,8 +43,6 @@ func (in *interner) object(o *Object) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	o.Namespace = in.str(o.Namespace)
-	o.APIVersion = in.str(o.APIVersion)
-	o.Kind = in.str(o.Kind)
 	o.Labels = in.labelSet(o.Labels)
 }
 

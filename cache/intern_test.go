@@ -18,7 +18,7 @@ func sameMap(a, b labels.Set) bool {
 func sameString(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
 
 // TestInternerSharesWhatObjectsRepeat: two Pods of one ReplicaSet, decoded
-// apart, share their namespace, type and label set, which stay equal to
+// apart, share their namespace and label set, which stay equal to
 // what was decoded; a third with other labels shares its strings only.
 func TestInternerSharesWhatObjectsRepeat(t *testing.T) {
 	for _, enc := range []string{"json", "protobuf"} {
@@ -36,8 +36,8 @@ func TestInternerSharesWhatObjectsRepeat(t *testing.T) {
 			if !sameMap(a.Labels, b.Labels) {
 				t.Error("equal label sets are not shared")
 			}
-			if !sameString(a.Namespace, b.Namespace) || !sameString(a.Kind, b.Kind) || !sameString(a.APIVersion, b.APIVersion) {
-				t.Error("namespace, kind or apiVersion not shared")
+			if !sameString(a.Namespace, b.Namespace) {
+				t.Error("namespace not shared")
 			}
 			if sameMap(a.Labels, c.Labels) || c.Labels["app"] != "web-01" {
 				t.Fatalf("another label set shared or changed: %v", c.Labels)
@@ -95,20 +95,20 @@ func TestOnlyTheLogMemoizes(t *testing.T) {
 	for _, e := range readPhase(newSnapshot(l, Filter{}, false), Filter{}) {
 		Encoded(e, int(ViewFull), func(*Event) int { return 1 })
 	}
-	if stored.frames[ViewFull].Load() != nil {
+	if stored.memo.Load() != nil {
 		t.Fatal("a snapshot read memoized an encoding into the stored event")
 	}
 
 	ev := put(l, Modified, "a", 2, map[string]string{"x": "2"}) // leaves {x=1}
 	Encoded(ev, int(ViewFull), func(*Event) int { return 2 })
-	if (Filter{Labels: labels.SelectorFromSet(labels.Set{"x": "1"})}).apply(ev) == nil || ev.variants.Load() == nil || ev.variants.Load().deleted.Load() == nil {
+	if (Filter{Labels: labels.SelectorFromSet(labels.Set{"x": "1"})}).apply(ev) == nil || ev.memo.Load() == nil || ev.memo.Load().deleted.Load() == nil {
 		t.Fatal("no Deleted variant memoized for a subscriber the object left")
 	}
-	if ev.frames[ViewFull].Load() == nil {
+	if ev.memo.Load().frames[ViewFull].Load() == nil {
 		t.Fatal("an event in the log did not memoize its encoding")
 	}
 	put(l, Modified, "b", 3, nil) // pushes ev out of the log (MaxEvents 1)
-	if ev.frames[ViewFull].Load() != nil || ev.variants.Load() != nil {
+	if ev.memo.Load() != nil {
 		t.Error("an event that left the log still memoizes")
 	}
 	if got := l.get("ns", "a").ev; got != ev {

@@ -376,9 +376,10 @@ func (s *scanner) end() error {
 // decodeObject reads an object's type and metadata from its JSON in one
 // pass. If strip is set and metadata.managedFields is present, the returned
 // Object's Data is a new slice without it; otherwise it is raw itself.
-func decodeObject(raw []byte, strip bool) (*Object, error) {
+func decodeObject(raw []byte, strip bool) (*Object, header, error) {
 	s := &scanner{b: raw}
 	o := &Object{Data: raw}
+	var h header
 	var cuts []span // the bytes of managedFields members, with a comma
 	err := s.fields(func() error {
 		k, err := s.member("apiVersion", "kind", "metadata")
@@ -387,13 +388,13 @@ func decodeObject(raw []byte, strip bool) (*Object, error) {
 		}
 		switch k {
 		case 0:
-			o.APIVersion, err = s.optText()
+			h.apiVersion, err = s.optText()
 		case 1:
-			o.Kind, err = s.optText()
+			h.kind, err = s.optText()
 		case 2:
 			// A repeated key wins over the earlier ones.
-			o.Namespace, o.Name, o.UID, o.ResourceVersion, o.Labels, cuts = "", "", "", "", nil, cuts[:0]
-			err = s.metadata(o, &cuts)
+			o.Namespace, o.Name, h.uid, o.ResourceVersion, o.Labels, cuts = "", "", "", "", nil, cuts[:0]
+			err = s.metadata(o, &h, &cuts)
 		default:
 			err = s.skip()
 		}
@@ -403,12 +404,12 @@ func decodeObject(raw []byte, strip bool) (*Object, error) {
 		err = s.end()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("decoding object: %w", err)
+		return nil, header{}, fmt.Errorf("decoding object: %w", err)
 	}
 	if strip && len(cuts) > 0 {
 		o.Data = cutSpans(raw, cuts)
 	}
-	return o, nil
+	return o, h, nil
 }
 
 // span is a byte range [from, to).
@@ -434,9 +435,9 @@ func cutSpans(b []byte, spans []span) []byte {
 	return append(out, b[at:]...)
 }
 
-// metadata reads the fields of metadata into o and appends to cuts the
-// spans that remove managedFields, each with one adjacent comma.
-func (s *scanner) metadata(o *Object, cuts *[]span) error {
+// metadata reads the fields of metadata into o and h and appends to cuts
+// the spans that remove managedFields, each with one adjacent comma.
+func (s *scanner) metadata(o *Object, h *header, cuts *[]span) error {
 	if isNull, err := s.null(); isNull || err != nil {
 		return err
 	}
@@ -453,7 +454,7 @@ func (s *scanner) metadata(o *Object, cuts *[]span) error {
 		case 1:
 			o.Name, err = s.optText()
 		case 2:
-			o.UID, err = s.optText()
+			h.uid, err = s.optText()
 		case 3:
 			o.ResourceVersion, err = s.optText()
 		case 4:

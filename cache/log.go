@@ -376,9 +376,16 @@ func (l *eventLog) reset(objs []*Object, rv uint64, position string) {
 	l.objs.Clear(false)
 	l.changes.Clear(false)
 	l.last.rv = rv
-	for _, o := range objs {
+	states := make([]*stored, len(objs))
+	for i, o := range objs {
 		at := l.advance(rv, position)
-		st := &stored{ev: &Event{Type: Added, Object: o, ResourceVersion: position}, changed: at, created: at}
+		states[i] = &stored{ev: &Event{Type: Added, Object: o, ResourceVersion: position}, changed: at, created: at}
+	}
+	// Backwards: a B-tree filled in ascending order leaves every node it
+	// splits half empty, in descending order almost full. The history is
+	// ascending, and so is a list (etcd's key order), which halves what
+	// the trees keep per object.
+	for _, st := range slices.Backward(states) {
 		l.objs.ReplaceOrInsert(objItem{st})
 		l.changes.ReplaceOrInsert(change{st})
 	}

@@ -213,22 +213,17 @@ func TestWithTypeMeta(t *testing.T) {
 		{`{"metadata":{"name":"a"}}`, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}`},
 		{` { "metadata":{}}`, `{"apiVersion":"v1","kind":"ConfigMap", "metadata":{}}`},
 		{`{}`, `{"apiVersion":"v1","kind":"ConfigMap"}`},
-		{`{"kind":"Other","apiVersion":"x/v1"}`, `{"kind":"Other","apiVersion":"x/v1"}`},
 	}
 	for _, tt := range tests {
-		o, err := decodeObject([]byte(tt.in), true)
-		if err != nil {
-			t.Fatal(err)
+		got := withTypeMeta([]byte(tt.in), tm)
+		if string(got) != tt.want {
+			t.Errorf("withTypeMeta(%s) = %s; want %s", tt.in, got, tt.want)
 		}
-		got := withTypeMeta(o, "v1", "ConfigMap", tm)
-		if string(got.Data) != tt.want {
-			t.Errorf("withTypeMeta(%s) = %s; want %s", tt.in, got.Data, tt.want)
-		}
-		again, err := decodeObject(got.Data, true)
+		_, h, err := decodeObject(got, true)
 		if err != nil {
-			t.Errorf("result %s does not decode: %v", got.Data, err)
-		} else if again.Kind != got.Kind || again.APIVersion != got.APIVersion {
-			t.Errorf("result %s decodes as %s %s, the Object says %s %s", got.Data, again.APIVersion, again.Kind, got.APIVersion, got.Kind)
+			t.Errorf("result %s does not decode: %v", got, err)
+		} else if h.apiVersion != "v1" || h.kind != "ConfigMap" {
+			t.Errorf("result %s decodes as %s %s, want v1 ConfigMap", got, h.apiVersion, h.kind)
 		}
 	}
 }
@@ -315,7 +310,7 @@ func TestDeletedForASelectorCarriesThePreviousObject(t *testing.T) {
 	if del == nil || del.Type != Deleted {
 		t.Fatalf("the web subscriber got %v, want DELETED", del)
 	}
-	o, err := decodeObject(del.Object.Data, false)
+	o, _, err := decodeObject(del.Object.Data, false)
 	if err != nil {
 		t.Fatal(err)
 	}

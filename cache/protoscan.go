@@ -151,26 +151,27 @@ func appendProtoUnknown(b []byte, apiVersion, kind string, raw []byte) []byte {
 // protobuf. If strip is set and it has managedFields, the returned
 // Object's bytes are re-encoded without them; otherwise they are data
 // itself.
-func decodeProtoObject(data []byte, strip bool) (*Object, error) {
+func decodeProtoObject(data []byte, strip bool) (*Object, header, error) {
 	apiVersion, kind, raw, err := protoUnknown(data)
 	if err != nil {
-		return nil, fmt.Errorf("decoding object: %w", err)
+		return nil, header{}, fmt.Errorf("decoding object: %w", err)
 	}
-	o := &Object{APIVersion: apiVersion, Kind: kind, Data: data}
-	stripped, err := readProtoMeta(o, raw, strip)
+	o := &Object{Data: data}
+	h := header{apiVersion: apiVersion, kind: kind}
+	stripped, err := readProtoMeta(o, &h, raw, strip)
 	if err != nil {
-		return nil, fmt.Errorf("decoding object: %w", err)
+		return nil, header{}, fmt.Errorf("decoding object: %w", err)
 	}
 	if stripped != nil {
 		o.Data = appendProtoUnknown(nil, apiVersion, kind, stripped)
 	}
-	return o, nil
+	return o, h, nil
 }
 
-// readProtoMeta reads the ObjectMeta (field 1) of a typed message into o.
-// If strip is set and there are managedFields, it returns the message
+// readProtoMeta reads the ObjectMeta (field 1) of a typed message into o
+// and h. If strip is set and there are managedFields, it returns the message
 // without them; else nil.
-func readProtoMeta(o *Object, msg []byte, strip bool) ([]byte, error) {
+func readProtoMeta(o *Object, h *header, msg []byte, strip bool) ([]byte, error) {
 	var out []byte // the message rebuilt, once something is cut
 	at := 0        // msg[:at] is in out
 	err := protoFields(msg, func(fd protoField) error {
@@ -191,7 +192,7 @@ func readProtoMeta(o *Object, msg []byte, strip bool) ([]byte, error) {
 			case 3:
 				o.Namespace, err = protoString(fd)
 			case 5:
-				o.UID, err = protoString(fd)
+				h.uid, err = protoString(fd)
 			case 6:
 				o.ResourceVersion, err = protoString(fd)
 			case 11:
@@ -310,8 +311,8 @@ func protoList(data []byte, strip bool) (objs []*Object, rv, cont string, err er
 			if err != nil {
 				return err
 			}
-			o := &Object{APIVersion: apiVersion, Kind: kind}
-			stripped, err := readProtoMeta(o, item, strip)
+			o := &Object{}
+			stripped, err := readProtoMeta(o, &header{}, item, strip)
 			if err != nil {
 				return err
 			}

@@ -48,13 +48,13 @@ func TestDecodeProtoObject(t *testing.T) {
 	pod.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}
 	data := encodeProto(t, pod)
 
-	o, err := decodeProtoObject(data, true)
+	o, h, err := decodeProtoObject(data, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.APIVersion != "v1" || o.Kind != "Pod" || o.Name != pod.Name || o.Namespace != pod.Namespace ||
-		o.UID != string(pod.UID) || o.ResourceVersion != pod.ResourceVersion || !maps.Equal(o.Labels, pod.Labels) {
-		t.Fatalf("decodeProtoObject read %+v from %s/%s", *o, pod.Namespace, pod.Name)
+	if h != (header{apiVersion: "v1", kind: "Pod", uid: string(pod.UID)}) || o.Name != pod.Name || o.Namespace != pod.Namespace ||
+		o.ResourceVersion != pod.ResourceVersion || !maps.Equal(o.Labels, pod.Labels) {
+		t.Fatalf("decodeProtoObject read %+v %+v from %s/%s", *o, h, pod.Namespace, pod.Name)
 	}
 	got, _, err := protoSerializer(t).Decode(o.Data, nil, nil)
 	if err != nil {
@@ -66,7 +66,7 @@ func TestDecodeProtoObject(t *testing.T) {
 		t.Fatalf("stripped object differs beyond managedFields:\n got %+v\nwant %+v", gotPod, want)
 	}
 
-	kept, err := decodeProtoObject(data, false)
+	kept, _, err := decodeProtoObject(data, false)
 	if err != nil || !bytes.Equal(kept.Data, data) {
 		t.Fatalf("without strip the bytes changed (%v)", err)
 	}
@@ -153,8 +153,9 @@ func TestProtoList(t *testing.T) {
 			t.Fatalf("item %d does not decode: %v", i, err)
 		}
 		cm := got.(*corev1.ConfigMap)
-		if o.Kind != "ConfigMap" || o.APIVersion != "v1" || cm.Name != list.Items[i].Name || len(cm.ManagedFields) != 0 {
-			t.Fatalf("item %d: %+v decodes as %+v", i, o, cm)
+		_, h, err := decodeProtoObject(o.Data, false)
+		if err != nil || h.kind != "ConfigMap" || h.apiVersion != "v1" || cm.Name != list.Items[i].Name || o.Name != cm.Name || len(cm.ManagedFields) != 0 {
+			t.Fatalf("item %d: %+v (%+v, %v) decodes as %+v", i, o, h, err, cm)
 		}
 	}
 }
@@ -169,16 +170,16 @@ func FuzzDecodeProtoObject(f *testing.F) {
 	f.Add([]byte("k8s\x00"))
 	f.Add([]byte("k8s\x00\x12\x02\x0a\x00"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		o, err := decodeProtoObject(data, true)
+		o, h, err := decodeProtoObject(data, true)
 		if err != nil {
 			return
 		}
-		again, err := decodeProtoObject(o.Data, true)
+		again, againH, err := decodeProtoObject(o.Data, true)
 		if err != nil {
 			t.Fatalf("stripped bytes %q do not decode: %v", o.Data, err)
 		}
 		if again.Name != o.Name || again.Namespace != o.Namespace || again.ResourceVersion != o.ResourceVersion ||
-			again.UID != o.UID || again.Kind != o.Kind || !maps.Equal(again.Labels, o.Labels) || !bytes.Equal(again.Data, o.Data) {
+			againH != h || !maps.Equal(again.Labels, o.Labels) || !bytes.Equal(again.Data, o.Data) {
 			t.Fatalf("decoding is not stable: %+v then %+v", *o, *again)
 		}
 		if _, err := ViewMetadata.Project(o); err != nil {

@@ -395,7 +395,7 @@ func (s *Source) publishList(objs []*Object, listRV string) {
 		if cur != nil && cur.ev.Object.ResourceVersion == o.ResourceVersion {
 			continue
 		}
-		if cur != nil && cur.ev.Object.UID != o.UID {
+		if cur != nil && uidOf(cur.ev.Object) != uidOf(o) {
 			s.events.append(Deleted, cur.ev.Object.withResourceVersion(listRV), rv, "")
 			changed++
 		}

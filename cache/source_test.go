@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -137,7 +138,10 @@ func read(t *testing.T, ctx context.Context, sub *Subscription, n int) []string 
 func TestRelistDifferenceIsWhatAWatchWouldSay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	withUID := func(o *Object, uid string) *Object { o.UID = uid; return o }
+	withUID := func(o *Object, uid string) *Object {
+		o.Data = fmt.Appendf(nil, `{"metadata":{"name":%q,"namespace":"ns","uid":%q,"resourceVersion":%q}}`, o.Name, uid, o.ResourceVersion)
+		return o
+	}
 	up := newFakeUpstream()
 	up.lists <- fakeList{objs: []*Object{obj("a", "1", nil), obj("b", "2", nil), obj("c", "3", nil), withUID(obj("e", "4", nil), "uid-1")}, rv: "4"}
 	w1 := make(chan fakeStep, 4)
@@ -171,7 +175,7 @@ func TestRelistDifferenceIsWhatAWatchWouldSay(t *testing.T) {
 		if e.Type != Deleted {
 			continue
 		}
-		o, err := decodeObject(e.Object.Data, false)
+		o, _, err := decodeObject(e.Object.Data, false)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -141,11 +141,13 @@ func (u *restUpstream) listPages(ctx context.Context) ([]*Object, string, error)
 		kind := strings.TrimSuffix(page.Kind, "List")
 		itemType := []byte(fmt.Sprintf(`{"apiVersion":%q,"kind":%q,`, page.APIVersion, kind))
 		for _, raw := range page.Items {
-			o, err := decodeObject(raw, u.stripMF)
+			o, h, err := decodeObject(raw, u.stripMF)
 			if err != nil {
 				return nil, "", fmt.Errorf("decoding list of %s: %w", u.path, err)
 			}
-			o = withTypeMeta(o, page.APIVersion, kind, itemType)
+			if h.kind == "" {
+				o.Data = withTypeMeta(o.Data, itemType)
+			}
 			u.intern.object(o)
 			objs = append(objs, o)
 		}
@@ -356,7 +358,7 @@ func (w *rawWatchStream) next() (EventType, *Object, string, error) {
 	default:
 		return 0, nil, "", fmt.Errorf("unknown watch event type %q", typ)
 	}
-	o, err := decodeAnyObject(obj, w.stripMF)
+	o, _, err := decodeAnyObject(obj, w.stripMF)
 	if err != nil {
 		return 0, nil, "", err
 	}
@@ -399,8 +401,19 @@ func (w *rawWatchStream) nextJSON() (typ string, obj []byte, err error) {
 	return typ, obj, nil
 }
 
+// header is what decoding reads of an object that its Object does not
+// keep: the store reads it rarely, and pays for it per object otherwise.
+type header struct{ apiVersion, kind, uid string }
+
+// uidOf returns o's metadata.uid, read from its bytes, or "" if they have
+// none (they were read once, so they can be).
+func uidOf(o *Object) string {
+	_, h, _ := decodeAnyObject(o.Data, false)
+	return h.uid
+}
+
 // decodeAnyObject decodes an object in either format.
-func decodeAnyObject(data []byte, strip bool) (*Object, error) {
+func decodeAnyObject(data []byte, strip bool) (*Object, header, error) {
 	if IsProtobuf(data) {
 		return decodeProtoObject(data, strip)
 	}
@@ -452,23 +465,17 @@ func readStatus(obj []byte) (*metav1.Status, error) {
 	return st, st.Unmarshal(raw)
 }
 
-// withTypeMeta returns o with apiVersion and kind from typeMeta
-// (`{"apiVersion":...,"kind":...,`) prepended to its JSON, unless it has a
-// kind already. List items come without them.
-func withTypeMeta(o *Object, apiVersion, kind string, typeMeta []byte) *Object {
-	if o.Kind != "" {
-		return o
-	}
-	raw := bytes.TrimLeft(o.Data, " \t\r\n")[1:] // after '{': scanObject checked it
+// withTypeMeta returns the JSON object data with typeMeta
+// (`{"apiVersion":...,"kind":...,`) prepended to its members: list items
+// come without them.
+func withTypeMeta(data, typeMeta []byte) []byte {
+	raw := bytes.TrimLeft(data, " \t\r\n")[1:] // after '{': scanObject checked it
 	out := make([]byte, 0, len(typeMeta)+len(raw))
 	out = append(out, typeMeta...)
 	if rest := bytes.TrimLeft(raw, " \t\r\n"); rest[0] == '}' { // an empty object
-		out = append(out[:len(out)-1], rest...)
-	} else {
-		out = append(out, raw...)
+		return append(out[:len(out)-1], rest...)
 	}
-	o.Data, o.APIVersion, o.Kind = out, apiVersion, kind
-	return o
+	return append(out, raw...)
 }
 
 // watchTimeoutSeconds spreads watch lifetimes over 5-10 minutes, as the

@@ -58,14 +58,12 @@ func metadataProto(o *Object) ([]byte, error) {
 // metadataJSON returns o with only apiVersion, kind and metadata.
 func metadataJSON(o *Object) ([]byte, error) {
 	var top struct {
-		Metadata json.RawMessage `json:"metadata"`
+		APIVersion string          `json:"apiVersion"`
+		Kind       string          `json:"kind"`
+		Metadata   json.RawMessage `json:"metadata"`
 	}
 	if err := json.Unmarshal(o.Data, &top); err != nil {
 		return nil, err
 	}
-	return json.Marshal(struct {
-		APIVersion string          `json:"apiVersion"`
-		Kind       string          `json:"kind"`
-		Metadata   json.RawMessage `json:"metadata"`
-	}{o.APIVersion, o.Kind, top.Metadata})
+	return json.Marshal(top)
 }

@@ -107,8 +107,8 @@ func (s *fakeSource) put(t testing.TB, u *unstructured.Unstructured) {
 	s.rv++
 	gk := u.GroupVersionKind().GroupKind()
 	o := &cache.Object{
-		Namespace: u.GetNamespace(), Name: u.GetName(), UID: string(u.GetUID()), ResourceVersion: strconv.Itoa(s.rv),
-		Labels: u.GetLabels(), APIVersion: u.GetAPIVersion(), Kind: u.GetKind(), Data: data,
+		Namespace: u.GetNamespace(), Name: u.GetName(), ResourceVersion: strconv.Itoa(s.rv),
+		Labels: u.GetLabels(), Data: data,
 	}
 	if s.objects[gk] == nil {
 		s.objects[gk] = map[string]*cache.Object{}
