@@ -236,8 +236,13 @@ const (
 	formatProtobuf
 )
 
+// watchReadBuffer is the read buffer of a watch: what an HTTP/2 DATA frame
+// holds (16 KiB by default), so that a read takes a whole one. Every open
+// watch keeps one, busy or idle; a larger frame is read in pieces.
+const watchReadBuffer = 16 << 10
+
 func newRawWatchStream(body io.ReadCloser, stripMF bool, intern *interner) *rawWatchStream {
-	return &rawWatchStream{body: body, r: bufio.NewReaderSize(body, 64<<10), stripMF: stripMF, intern: intern}
+	return &rawWatchStream{body: body, r: bufio.NewReaderSize(body, watchReadBuffer), stripMF: stripMF, intern: intern}
 }
 
 func (w *rawWatchStream) close() { w.body.Close() }

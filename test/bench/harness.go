@@ -132,16 +132,9 @@ func (h *harness) populate(ctx context.Context) error {
 	if _, err := admin.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	payload := make([]byte, h.w.ObjectSize)
-	for i := range payload {
-		payload[i] = 'a' + byte(i*7%26)
-	}
 	say("creating %d ConfigMaps of %d bytes and %d Pods", h.w.ConfigMaps, h.w.ObjectSize, h.w.Pods)
 	err := parallel(ctx, h.w.ConfigMaps, func(ctx context.Context, i int) error {
-		_, err := admin.CoreV1().ConfigMaps(namespace).Create(ctx, &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Name: cmName(i), Labels: map[string]string{"app": "bench", "shard": strconv.Itoa(i % 16)}},
-			Data:       map[string]string{"payload": string(payload)},
-		}, metav1.CreateOptions{})
+		_, err := admin.CoreV1().ConfigMaps(namespace).Create(ctx, benchConfigMap(i, h.w.ObjectSize), metav1.CreateOptions{})
 		return err
 	})
 	if err != nil {
@@ -179,6 +172,19 @@ func parallel(ctx context.Context, n int, fn func(context.Context, int) error) e
 		g.Go(func() error { return fn(ctx, i) })
 	}
 	return g.Wait()
+}
+
+// benchConfigMap is ConfigMap i of the workload: a payload of size bytes
+// and two labels, the second spreading them over 16 shards.
+func benchConfigMap(i, size int) *corev1.ConfigMap {
+	payload := make([]byte, size)
+	for j := range payload {
+		payload[j] = 'a' + byte(j*7%26)
+	}
+	return &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: cmName(i), Labels: map[string]string{"app": "bench", "shard": strconv.Itoa(i % 16)}},
+		Data:       map[string]string{"payload": string(payload)},
+	}
 }
 
 // benchPod is a Pod as a Deployment would make it: two containers with

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/informerd/informerd/client"
@@ -37,23 +39,31 @@ var memEncodings = []string{memJSON, memProtobuf, memMetadata}
 
 // memoryWorkload is what `bench memory` runs: for each Pod count (Pods
 // are added up to it), a daemon of its own per encoding with one
-// subscriber of every Pod, and client-go Pod informers for comparison.
+// subscriber of every Pod, and client-go Pod informers for comparison;
+// then the same for ConfigMaps of 1 KiB (small objects, where what an
+// object costs beyond its bytes weighs most), in a namespace of their own.
 type memoryWorkload struct {
-	Pods      []int    `json:"pods"`
-	Encodings []string `json:"encodings"`
+	Pods       []int    `json:"pods"`
+	ConfigMaps int      `json:"configMaps"`
+	Encodings  []string `json:"encodings"`
 }
 
-// memoryRun is one encoding at one Pod count, measured.
+// cmNamespace holds the ConfigMaps of `bench memory`, apart from the Pods.
+const cmNamespace = "bench-cm"
+
+// memoryRun is one encoding at one object count, measured.
 type memoryRun struct {
-	Pods     int    `json:"pods"`
+	Resource string `json:"resource"` // pods or configmaps
+	Objects  int    `json:"objects"`
 	Encoding string `json:"encoding"`
-	// StoredBytesPerObject is the bytes the daemon stores per Pod: what
+	// StoredBytesPerObject is the bytes the daemon stores per object: what
 	// the full view sends (the object as the API server sent it,
 	// managedFields cut); the metadata view stores the JSON objects.
 	StoredBytesPerObject float64 `json:"storedBytesPerObject"`
-	// The daemon's live heap (two forced GCs) and RSS with no stream
-	// (Empty) and with the subscriber synced (Synced); per object is the
-	// difference over the Pods, and Ratio is heap per object over
+	// The daemon's live heap (two forced GCs) and RSS with a stream of
+	// the cluster's one Service (Empty: the daemon has loaded what it
+	// loads once) and with the subscriber synced too (Synced); per object is the
+	// difference over the objects, and Ratio is heap per object over
 	// stored bytes per object.
 	Empty              daemonState `json:"empty"`
 	Synced             daemonState `json:"synced"`
@@ -64,7 +74,7 @@ type memoryRun struct {
 	// daemon's CPU over the same time (the list and the snapshot).
 	SyncSeconds      float64 `json:"syncSeconds"`
 	DaemonCPUSeconds float64 `json:"daemonCpuSeconds"`
-	// Address (JSON run only): one WatchAddress stream added, which
+	// Address (JSON Pod runs only): one WatchAddress stream added, which
 	// builds the address view of every Pod from the same Source; its heap
 	// per Pod is what the view keeps beyond the store.
 	Address *addressMemory `json:"address,omitempty"`
@@ -77,10 +87,11 @@ type addressMemory struct {
 	DaemonCPUSeconds float64     `json:"daemonCpuSeconds"`
 }
 
-// informerRun is a client-go Pod informer in a process of its own, at one
-// Pod count: its live heap growth to sync and its RSS.
+// informerRun is a client-go informer in a process of its own, at one
+// object count: its live heap growth to sync and its RSS.
 type informerRun struct {
-	Pods               int     `json:"pods"`
+	Resource           string  `json:"resource"`
+	Objects            int     `json:"objects"`
 	Mode               string  `json:"mode"`
 	HeapBytes          uint64  `json:"heapBytes"`
 	HeapBytesPerObject float64 `json:"heapBytesPerObject"`
@@ -102,16 +113,18 @@ type memoryReport struct {
 var informerModes = []string{modeDirectTyped, modeDirect}
 
 // runMemoryBench is `bench memory`: the daemon's heap and RSS per stored
-// Pod, per encoding, against client-go's informers.
+// Pod and ConfigMap, per encoding, against client-go's informers.
 func runMemoryBench(args []string) error {
-	w := memoryWorkload{Pods: []int{10000, 30000}, Encodings: memEncodings}
+	w := memoryWorkload{Pods: []int{10000, 30000}, ConfigMaps: 10000, Encodings: memEncodings}
 	if os.Getenv("BENCH_QUICK") == "1" {
-		w.Pods = []int{2000}
+		w.Pods, w.ConfigMaps = []int{2000}, 2000
 	}
 	fs := flag.NewFlagSet("bench memory", flag.ContinueOnError)
 	bin := fs.String("bin", "_output/bin", "directory with the informerd binary")
 	out := fs.String("out", "_output/bench/memory.json", "where to write the results as JSON")
 	pods := fs.String("pods", joinInts(w.Pods), "comma-separated Pod counts, increasing (Pods are added up to each)")
+	profiles := fs.String("heap-profiles", "", "directory to write each synced daemon's heap profile to (go tool pprof -sample_index=inuse_space)")
+	fs.IntVar(&w.ConfigMaps, "configmaps", w.ConfigMaps, "ConfigMaps of 1 KiB to measure after the Pods (0: none)")
 	encs := fs.String("encodings", strings.Join(w.Encodings, ","), "comma-separated encodings: "+strings.Join(memEncodings, ", "))
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -122,6 +135,9 @@ func runMemoryBench(args []string) error {
 	}
 	if !slices.IsSorted(w.Pods) {
 		return fmt.Errorf("-pods: %s is not increasing", *pods)
+	}
+	if w.ConfigMaps < 0 {
+		return fmt.Errorf("-configmaps: %d is negative", w.ConfigMaps)
 	}
 	w.Encodings = strings.Split(*encs, ",")
 	for _, e := range w.Encodings {
@@ -135,38 +151,55 @@ func runMemoryBench(args []string) error {
 	}
 	defer env.close()
 	ctx, cp, informerd, self := env.ctx, env.cp, env.informerd, env.self
-	h := &memoryHarness{harness: harness{cp: cp, self: self, informerd: informerd}}
+	h := &memoryHarness{harness: harness{cp: cp, self: self, informerd: informerd}, profiles: *profiles}
 	if err := h.setup(ctx); err != nil {
 		return err
 	}
 	defer os.RemoveAll(h.tokens)
 
 	rep := memoryReport{Machine: describeMachine(cp), Workload: w, Command: memoryCommand(args)}
-	for _, n := range w.Pods {
-		if err := h.createPods(ctx, n); err != nil {
-			return err
-		}
+	// measure runs every encoding and informer at the n objects of gvr in
+	// ns that the workload made, and any others there are.
+	measure := func(gvr schema.GroupVersionResource, ns string, n int) error {
 		for _, enc := range w.Encodings {
-			say("run: %d Pods, %s", n, enc)
-			r, err := h.run(ctx, n, enc)
+			say("run: %d %s, %s", n, gvr.Resource, enc)
+			r, err := h.run(ctx, gvr, ns, n, enc)
 			if err != nil {
-				return fmt.Errorf("%d Pods, %s: %w", n, enc, err)
+				return fmt.Errorf("%d %s, %s: %w", n, gvr.Resource, enc, err)
 			}
 			rep.Runs = append(rep.Runs, r)
+			n = r.Objects                                  // what the informers below find too
 			if err := writeReport(*out, rep); err != nil { // what is done so far
 				return err
 			}
 		}
 		for _, mode := range informerModes {
-			say("run: %d Pods, client-go %s", n, mode)
-			r, err := h.informer(ctx, n, mode)
+			say("run: %d %s, client-go %s", n, gvr.Resource, mode)
+			r, err := h.informer(ctx, ns, gvr.Resource, n, mode)
 			if err != nil {
-				return fmt.Errorf("%d Pods, client-go %s: %w", n, mode, err)
+				return fmt.Errorf("%d %s, client-go %s: %w", n, gvr.Resource, mode, err)
 			}
 			rep.Informers = append(rep.Informers, r)
 			if err := writeReport(*out, rep); err != nil {
 				return err
 			}
+		}
+		return nil
+	}
+	for _, n := range w.Pods {
+		if err := h.createPods(ctx, n); err != nil {
+			return err
+		}
+		if err := measure(podsGVR, namespace, n); err != nil {
+			return err
+		}
+	}
+	if w.ConfigMaps > 0 {
+		if err := h.createConfigMaps(ctx, w.ConfigMaps); err != nil {
+			return err
+		}
+		if err := measure(configMapGVR, cmNamespace, w.ConfigMaps); err != nil {
+			return err
 		}
 	}
 	rep.print(os.Stdout)
@@ -184,29 +217,37 @@ func memoryCommand(args []string) string {
 type memoryHarness struct {
 	harness
 	created    int
-	subscriber string // token file: informerd, every Pod in every namespace
-	apiToken   string // token file: the API server, Pods and ConfigMaps in namespace
+	subscriber string // token file: informerd, every Pod and ConfigMap in every namespace
+	apiToken   string // token file: the API server, Pods and ConfigMaps in namespace and cmNamespace
+	profiles   string // where to write heap profiles; "": nowhere
 }
 
-// setup creates the namespace, the subscriber's and the informers'
+// setup creates the namespaces, the subscriber's and the informers'
 // ServiceAccounts and the scraper.
 func (h *memoryHarness) setup(ctx context.Context) error {
 	admin := h.admin()
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
-		return err
+	for _, ns := range []string{namespace, cmNamespace} {
+		if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
 	}
 	if _, err := admin.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	pods := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}}
+	services := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: []string{"list", "watch"}}
 	for _, g := range []struct {
 		name, ns string
-		rule     rbacv1.PolicyRule
-	}{{"memory", "", pods}, {"memory-informer", namespace, readRule}, {"scraper", "", scrapeRule}} {
+		rules    []rbacv1.PolicyRule
+	}{
+		{"memory", "", []rbacv1.PolicyRule{readRule, services}},
+		{"memory-informer", namespace, []rbacv1.PolicyRule{readRule}},
+		{"memory-informer", cmNamespace, []rbacv1.PolicyRule{readRule}},
+		{"scraper", "", []rbacv1.PolicyRule{scrapeRule}},
+	} {
 		if _, err := controlplane.ServiceAccountToken(ctx, admin, namespace, g.name); err != nil {
 			return err
 		}
-		if err := controlplane.Grant(ctx, admin, namespace, g.name, g.ns, g.rule); err != nil {
+		if err := controlplane.Grant(ctx, admin, namespace, g.name, g.ns, g.rules...); err != nil {
 			return err
 		}
 	}
@@ -251,17 +292,31 @@ func (h *memoryHarness) createPods(ctx context.Context, n int) error {
 	return nil
 }
 
-// run measures one encoding at n Pods on a daemon of its own.
-func (h *memoryHarness) run(ctx context.Context, n int, enc string) (memoryRun, error) {
-	r := memoryRun{Pods: n, Encoding: enc}
+// createConfigMaps creates n ConfigMaps of 1 KiB in cmNamespace.
+func (h *memoryHarness) createConfigMaps(ctx context.Context, n int) error {
+	admin := h.admin()
+	start := time.Now()
+	say("creating %d ConfigMaps", n)
+	if err := parallel(ctx, n, func(ctx context.Context, i int) error {
+		_, err := admin.CoreV1().ConfigMaps(cmNamespace).Create(ctx, benchConfigMap(i, 1024), metav1.CreateOptions{})
+		return err
+	}); err != nil {
+		return err
+	}
+	say("%d ConfigMaps created after %s", n, time.Since(start).Round(time.Second))
+	return nil
+}
+
+// run measures one encoding on a daemon of its own, subscribed to every
+// object of gvr in ns ("": all): at least n, and per object over those
+// there are (a namespace has its kube-root-ca.crt ConfigMap too).
+func (h *memoryHarness) run(ctx context.Context, gvr schema.GroupVersionResource, ns string, n int, enc string) (memoryRun, error) {
+	r := memoryRun{Resource: gvr.Resource, Encoding: enc}
 	d, err := startDaemon(ctx, h.informerd, h.cp.KubeconfigPath)
 	if err != nil {
 		return r, err
 	}
 	defer d.stop()
-	if r.Empty, err = h.state(ctx, d); err != nil {
-		return r, err
-	}
 	c, err := client.Dial(d.socket, client.WithTokenFile(h.subscriber))
 	if err != nil {
 		return r, err
@@ -269,13 +324,28 @@ func (h *memoryHarness) run(ctx context.Context, n int, enc string) (memoryRun, 
 	defer c.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// A first stream, of the cluster's one Service in the same view, loads
+	// what a daemon loads once, whatever it stores (discovery, the
+	// RESTMapper, encoders): the baseline is a daemon that serves.
+	opts := client.WatchOptions{Resource: servicesGVR, ClientName: "memory-baseline", Protobuf: enc == memProtobuf, MetadataOnly: enc == memMetadata}
+	warm, err := c.Stream(ctx, opts, "")
+	if err != nil {
+		return r, err
+	}
+	defer warm.Close()
+	if _, _, err := recvUntilSynced(warm); err != nil {
+		return r, fmt.Errorf("the baseline stream: %w", err)
+	}
+	if r.Empty, err = h.state(ctx, d); err != nil {
+		return r, err
+	}
 
 	cpu0, err := d.cpu()
 	if err != nil {
 		return r, err
 	}
 	start := time.Now()
-	opts := client.WatchOptions{Resource: podsGVR, ClientName: "memory", Protobuf: enc == memProtobuf, MetadataOnly: enc == memMetadata}
+	opts.Resource, opts.Namespace, opts.ClientName = gvr, ns, "memory"
 	s, err := c.Stream(ctx, opts, "")
 	if err != nil {
 		return r, err
@@ -285,9 +355,10 @@ func (h *memoryHarness) run(ctx context.Context, n int, enc string) (memoryRun, 
 	if err != nil {
 		return r, err
 	}
-	if objects != n {
-		return r, fmt.Errorf("the snapshot had %d Pods, want %d", objects, n)
+	if objects < n {
+		return r, fmt.Errorf("the snapshot had %d %s, want at least %d", objects, gvr.Resource, n)
 	}
+	r.Objects, n = objects, objects
 	r.SyncSeconds = time.Since(start).Seconds()
 	cpu1, err := d.cpu()
 	if err != nil {
@@ -297,18 +368,24 @@ func (h *memoryHarness) run(ctx context.Context, n int, enc string) (memoryRun, 
 	if r.Synced, err = h.state(ctx, d); err != nil {
 		return r, err
 	}
+	if h.profiles != "" {
+		file := filepath.Join(h.profiles, fmt.Sprintf("%s-%d-%s.pprof", gvr.Resource, objects, enc))
+		if err := h.heapProfile(ctx, d, file); err != nil {
+			return r, err
+		}
+	}
 	r.HeapBytesPerObject = (float64(r.Synced.HeapLiveBytes) - float64(r.Empty.HeapLiveBytes)) / float64(n)
 	r.RSSBytesPerObject = (float64(r.Synced.RSSBytes) - float64(r.Empty.RSSBytes)) / float64(n)
 	if enc == memMetadata {
 		// The daemon stores the JSON objects and projects them: fetch them
 		// in the full JSON view for their size.
-		if _, bytes, err = h.fullJSON(ctx, c); err != nil {
+		if _, bytes, err = h.fullJSON(ctx, c, gvr, ns); err != nil {
 			return r, err
 		}
 	}
 	r.StoredBytesPerObject = float64(bytes) / float64(n)
 	r.Ratio = r.HeapBytesPerObject / r.StoredBytesPerObject
-	if enc == memJSON {
+	if enc == memJSON && gvr == podsGVR {
 		if r.Address, err = h.address(ctx, d, c, n, r.Synced); err != nil {
 			return r, fmt.Errorf("address view: %w", err)
 		}
@@ -316,12 +393,12 @@ func (h *memoryHarness) run(ctx context.Context, n int, enc string) (memoryRun, 
 	return r, nil
 }
 
-// fullJSON streams every Pod in the full JSON view once and returns their
-// count and bytes.
-func (h *memoryHarness) fullJSON(ctx context.Context, c *client.Client) (int, int, error) {
+// fullJSON streams every object of gvr in ns in the full JSON view once
+// and returns their count and bytes.
+func (h *memoryHarness) fullJSON(ctx context.Context, c *client.Client, gvr schema.GroupVersionResource, ns string) (int, int, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s, err := c.Stream(ctx, client.WatchOptions{Resource: podsGVR, ClientName: "memory-size"}, "")
+	s, err := c.Stream(ctx, client.WatchOptions{Resource: gvr, Namespace: ns, ClientName: "memory-size"}, "")
 	if err != nil {
 		return 0, 0, err
 	}
@@ -407,6 +484,18 @@ func (h *memoryHarness) address(ctx context.Context, d *daemon, c *client.Client
 	}, nil
 }
 
+// heapProfile writes d's heap profile to file.
+func (h *memoryHarness) heapProfile(ctx context.Context, d *daemon, file string) error {
+	b, err := scrape(ctx, d.metrics+"/debug/pprof/heap", h.scraper)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(file, b, 0o644)
+}
+
 // state reads the daemon's live heap and RSS.
 func (h *memoryHarness) state(ctx context.Context, d *daemon) (daemonState, error) {
 	heap, err := d.heapLive(ctx, h.scraper)
@@ -417,13 +506,13 @@ func (h *memoryHarness) state(ctx context.Context, d *daemon) (daemonState, erro
 	return daemonState{HeapLiveBytes: heap, RSSBytes: rss}, err
 }
 
-// informer runs a client-go informer of the namespace's Pods (and of its
-// ConfigMaps, which are none) in a client process of mode, and returns
-// what it holds once synced: its store is complete then, though its
-// handlers may not have seen every object yet.
-func (h *memoryHarness) informer(ctx context.Context, n int, mode string) (informerRun, error) {
-	r := informerRun{Pods: n, Mode: mode}
-	p, err := startClient(ctx, h.self, []string{"client", "-mode", mode, "-namespace", namespace, "-updates", "0",
+// informer runs client-go informers of ns's Pods and ConfigMaps (n
+// objects of resource; none of the other) in a client process of mode,
+// and returns what they hold once synced: their stores are complete then,
+// though their handlers may not have seen every object yet.
+func (h *memoryHarness) informer(ctx context.Context, ns, resource string, n int, mode string) (informerRun, error) {
+	r := informerRun{Resource: resource, Objects: n, Mode: mode}
+	p, err := startClient(ctx, h.self, []string{"client", "-mode", mode, "-namespace", ns, "-updates", "0",
 		"-kubeconfig", h.cp.KubeconfigPath, "-token-file", h.apiToken, "-name", "memory-" + mode})
 	if err != nil {
 		return r, err
@@ -444,22 +533,22 @@ func (h *memoryHarness) informer(ctx context.Context, n int, mode string) (infor
 
 func (rep memoryReport) print(out io.Writer) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "pods\tencoding\tstored B/pod\theap B/pod\tratio\tRSS B/pod\theap MiB\tRSS MiB\tsync s\tdaemon CPU s\t")
+	fmt.Fprintln(tw, "objects\tresource\tencoding\tstored B/object\theap B/object\tratio\tRSS B/object\theap MiB\tRSS MiB\tsync s\tdaemon CPU s\t")
 	for _, r := range rep.Runs {
-		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.0f\t%.2f\t%.0f\t%.1f\t%.1f\t%.1f\t%.2f\t\n", r.Pods, r.Encoding, r.StoredBytesPerObject,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%.0f\t%.0f\t%.2f\t%.0f\t%.1f\t%.1f\t%.1f\t%.2f\t\n", r.Objects, r.Resource, r.Encoding, r.StoredBytesPerObject,
 			r.HeapBytesPerObject, r.Ratio, r.RSSBytesPerObject, mib(r.Synced.HeapLiveBytes), mib(r.Synced.RSSBytes), r.SyncSeconds, r.DaemonCPUSeconds)
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "pods\taddress view\theap B/pod\tdaemon CPU s\t")
 	for _, r := range rep.Runs {
 		if r.Address != nil {
-			fmt.Fprintf(tw, "%d\tWatchAddress\t%.0f\t%.2f\t\n", r.Pods, r.Address.HeapBytesPerPod, r.Address.DaemonCPUSeconds)
+			fmt.Fprintf(tw, "%d\tWatchAddress\t%.0f\t%.2f\t\n", r.Objects, r.Address.HeapBytesPerPod, r.Address.DaemonCPUSeconds)
 		}
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "pods\tclient-go\theap B/pod\theap MiB\tRSS MiB\tsync s\tCPU s\t")
+	fmt.Fprintln(tw, "objects\tresource\tclient-go\theap B/object\theap MiB\tRSS MiB\tsync s\tCPU s\t")
 	for _, r := range rep.Informers {
-		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.1f\t%.1f\t%.1f\t%.2f\t\n", r.Pods, r.Mode, r.HeapBytesPerObject, mib(float64(r.HeapBytes)), mib(r.RSSBytes), r.SyncSeconds, r.CPUSeconds)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%.0f\t%.1f\t%.1f\t%.1f\t%.2f\t\n", r.Objects, r.Resource, r.Mode, r.HeapBytesPerObject, mib(float64(r.HeapBytes)), mib(r.RSSBytes), r.SyncSeconds, r.CPUSeconds)
 	}
 	tw.Flush()
 }
