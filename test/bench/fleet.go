@@ -158,6 +158,7 @@ func runFleetBench(args []string) error {
 	fs.DurationVar(&w.Outage, "outage", w.Outage, "how long the API server stays down after its kill -9")
 	fs.DurationVar(&w.RecoveryWindow, "recovery-window", w.RecoveryWindow, "the daemons' -recovery-window in mode informerd")
 	daemonArgs := fs.String("daemon-args", "", "extra informerd flags, space-separated (e.g. -scope=namespace)")
+	cpuProfiles := fs.String("cpu-profiles", "", "directory to write the CPU profile of node 0's daemon over each steady window to (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -185,7 +186,7 @@ func runFleetBench(args []string) error {
 	}
 	defer env.close()
 	ctx, cp, informerd, self := env.ctx, env.cp, env.informerd, env.self
-	h := &fleetHarness{cp: cp, w: w, self: self, informerd: informerd}
+	h := &fleetHarness{cp: cp, w: w, self: self, informerd: informerd, cpuProfiles: *cpuProfiles}
 	h.admin = kubernetes.NewForConfigOrDie(h.adminConfig())
 	if h.dir, err = os.MkdirTemp("", "informerd-fleet-"); err != nil {
 		return err
@@ -220,6 +221,8 @@ type fleetHarness struct {
 	self, informerd string
 	admin           *kubernetes.Clientset
 	dir             string // sockets and token files
+	cpuProfiles     string // where steady() writes node 0's daemon's CPU profile; "": nowhere
+	scraper         string // a token for the daemons' /metrics and /debug/pprof
 }
 
 func (h *fleetHarness) adminConfig() *rest.Config {
@@ -248,6 +251,11 @@ var (
 // daemonSA is the daemons' ServiceAccount, in fleetNamespace(0).
 const daemonSA = "fleet-informerd"
 
+// fleetScraper reads the daemons' CPU profiles (-cpu-profiles).
+const fleetScraper = "fleet-scraper"
+
+var profileRule = rbacv1.PolicyRule{NonResourceURLs: []string{"/debug/pprof/profile"}, Verbs: []string{"get"}}
+
 // populate creates the cluster: namespaces, kwok nodes, Pods bound to
 // them (Running), Services with an EndpointSlice each, ConfigMaps, the
 // probe objects, and the roles' ServiceAccounts with their grants.
@@ -267,7 +275,7 @@ func (h *fleetHarness) populate(ctx context.Context) error {
 	for _, g := range []struct {
 		sa    string
 		rules []rbacv1.PolicyRule
-	}{{fleetSA("agent-0"), []rbacv1.PolicyRule{agentRule}}, {fleetSA("proxy-0"), proxyRules}, {daemonSA, daemonRules}} {
+	}{{fleetSA("agent-0"), []rbacv1.PolicyRule{agentRule}}, {fleetSA("proxy-0"), proxyRules}, {daemonSA, daemonRules}, {fleetScraper, []rbacv1.PolicyRule{profileRule}}} {
 		if _, err := controlplane.ServiceAccountToken(ctx, a, saNS, g.sa); err != nil {
 			return err
 		}
@@ -432,6 +440,9 @@ func (h *fleetHarness) tokens(ctx context.Context) error {
 		*ai = clientcmdapi.AuthInfo{Token: tok}
 	}
 	if err := clientcmd.WriteToFile(*kc, h.daemonKubeconfig()); err != nil {
+		return err
+	}
+	if h.scraper, err = controlplane.ServiceAccountToken(ctx, h.admin, fleetNamespace(0), fleetScraper, "informerd"); err != nil {
 		return err
 	}
 	for _, role := range []string{"agent-0", "proxy-0", "applier"} {
@@ -619,8 +630,12 @@ func (f *fleet) steady(ctx context.Context, r *fleetRun) error {
 		return err
 	}
 	churn := h.churn(ctx)
+	profiled := f.profileCPU(ctx)
 	if err := sleep(ctx, h.w.Steady); err != nil {
 		return err
+	}
+	if err := profiled(); err != nil {
+		return fmt.Errorf("CPU profile: %w", err)
 	}
 	after, err := h.apiMetrics(ctx)
 	if err != nil {
@@ -639,6 +654,30 @@ func (f *fleet) steady(ctx context.Context, r *fleetRun) error {
 	r.DaemonCPU, r.DaemonRSS, r.ConsumerCPU, r.ConsumerRSS = dCPU1-dCPU0, dRSS, cCPU1-cCPU0, cRSS
 	r.SteadyLost, err = f.lost(ctx)
 	return err
+}
+
+// profileCPU starts a CPU profile of node 0's daemon over the steady
+// window, less a second, if -cpu-profiles asks for one; the function it
+// returns waits for the profile and writes it.
+func (f *fleet) profileCPU(ctx context.Context) func() error {
+	h := f.h
+	if h.cpuProfiles == "" || f.daemons == nil {
+		return func() error { return nil }
+	}
+	d := f.daemons[0]
+	done := make(chan error, 1)
+	go func() { // ends with the profile's seconds or ctx
+		url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", d.metrics, int((h.w.Steady - time.Second).Seconds()))
+		b, err := scrape(ctx, url, h.scraper)
+		if err == nil {
+			file := filepath.Join(h.cpuProfiles, fmt.Sprintf("%s-%d.pprof", f.mode, f.k))
+			if err = os.MkdirAll(h.cpuProfiles, 0o755); err == nil {
+				err = os.WriteFile(file, b, 0o644)
+			}
+		}
+		done <- err
+	}()
+	return func() error { return <-done }
 }
 
 // churn writes at the workload's rate until the returned function is
