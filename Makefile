@@ -152,11 +152,12 @@ bench-fleet: controlplane build ## K simulated nodes (10, 50, 100), each an info
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench fleet -bin $(BIN) $(BENCH_FLEET_FLAGS)
 
 # BENCH_MEMORY_FLAGS go to `bench memory` (e.g. BENCH_MEMORY_FLAGS="-pods 5000 -encodings json,protobuf");
-# BENCH_QUICK=1 runs 2,000 Pods.
+# -configmaps N sets the ConfigMaps (0: none), -heap-profiles DIR keeps the daemons' heap profiles;
+# BENCH_QUICK=1 runs 2,000 Pods and 2,000 ConfigMaps.
 BENCH_MEMORY_FLAGS ?=
 
 .PHONY: bench-memory
-bench-memory: controlplane build ## Daemon heap and RSS per stored Pod at 10,000 and 30,000 Pods (JSON, protobuf, metadata view), the address view, vs client-go informers (BENCH_QUICK=1: 2,000 Pods).
+bench-memory: controlplane build ## Daemon heap and RSS per stored object at 10,000 and 30,000 Pods and 10,000 1 KiB ConfigMaps (JSON, protobuf, metadata view), the address view, vs client-go informers (BENCH_QUICK=1: 2,000 of each).
 	$(GO) build -o $(BIN)/bench ./test/bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench memory -bin $(BIN) $(BENCH_MEMORY_FLAGS)
 
