@@ -111,13 +111,18 @@ type fleetRun struct {
 	APIRSSBytes     uint64             `json:"apiserverRssBytes"`
 	WatchEvents     float64            `json:"watchEvents"`
 	WatchEventBytes float64            `json:"watchEventBytes"`
-	DaemonCPU       float64            `json:"daemonsCpuSeconds"`
-	DaemonRSS       uint64             `json:"daemonsRssBytes"`
-	ConsumerCPU     float64            `json:"consumersCpuSeconds"`
-	ConsumerRSS     uint64             `json:"consumersRssBytes"`
-	SteadyLost      int                `json:"steadyLost"`
-	Upgrade         *fleetDisruption   `json:"upgrade,omitempty"`
-	Restart         *fleetDisruption   `json:"apiserverRestart,omitempty"`
+	// EventsByResource and EventBytesByResource split them by resource
+	// (the API server's own watchers, such as the scheduler's and kwok's,
+	// included).
+	EventsByResource     map[string]float64 `json:"watchEventsByResource"`
+	EventBytesByResource map[string]float64 `json:"watchEventBytesByResource"`
+	DaemonCPU            float64            `json:"daemonsCpuSeconds"`
+	DaemonRSS            uint64             `json:"daemonsRssBytes"`
+	ConsumerCPU          float64            `json:"consumersCpuSeconds"`
+	ConsumerRSS          uint64             `json:"consumersRssBytes"`
+	SteadyLost           int                `json:"steadyLost"`
+	Upgrade              *fleetDisruption   `json:"upgrade,omitempty"`
+	Restart              *fleetDisruption   `json:"apiserverRestart,omitempty"`
 }
 
 // fleetDisruption is a rolling upgrade or an API server restart.
@@ -472,6 +477,7 @@ type apiSample struct {
 	requests, lists, watches float64
 	other                    float64 // answered requests neither LIST nor WATCH
 	watchEvents, eventBytes  float64
+	eventsBy, bytesBy        map[string]float64 // watchEvents and eventBytes by resource
 	byResource               map[string]float64 // watches open now
 	cpu                      float64
 }
@@ -489,6 +495,8 @@ func (h *fleetHarness) apiMetrics(ctx context.Context) (apiSample, error) {
 		watches:     metricSum(b, "apiserver_longrunning_requests", `verb="WATCH"`),
 		watchEvents: metricSum(b, "apiserver_watch_events_total"),
 		eventBytes:  metricSum(b, "apiserver_watch_events_sizes_sum"),
+		eventsBy:    metricByLabel(b, "apiserver_watch_events_total", "resource"),
+		bytesBy:     metricByLabel(b, "apiserver_watch_events_sizes_sum", "resource"),
 	}
 	s.other = s.requests - metricSum(b, "apiserver_request_total", `verb="LIST"`) - metricSum(b, "apiserver_request_total", `verb="WATCH"`)
 	for _, res := range fleetResources {
@@ -651,6 +659,7 @@ func (f *fleet) steady(ctx context.Context, r *fleetRun) error {
 	r.APICPUSeconds = after.cpu - before.cpu
 	r.APIRSSBytes, _ = procRSS(h.cp.PID("kube-apiserver"))
 	r.WatchEvents, r.WatchEventBytes = after.watchEvents-before.watchEvents, after.eventBytes-before.eventBytes
+	r.EventsByResource, r.EventBytesByResource = mapDelta(after.eventsBy, before.eventsBy), mapDelta(after.bytesBy, before.bytesBy)
 	r.DaemonCPU, r.DaemonRSS, r.ConsumerCPU, r.ConsumerRSS = dCPU1-dCPU0, dRSS, cCPU1-cCPU0, cRSS
 	r.SteadyLost, err = f.lost(ctx)
 	return err

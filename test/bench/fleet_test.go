@@ -1,6 +1,8 @@
 package main
 
-import "testing"
+import (
+	"testing"
+)
 
 // TestMapDiff: "lost" counts every object a consumer's store holds at
 // another resourceVersion, lacks, or holds though the API server does not.

@@ -93,6 +93,38 @@ func metricSum(exposition []byte, name string, matchers ...string) float64 {
 	return total
 }
 
+// metricByLabel sums the samples of metric name by the value of label
+// (samples without it are left out).
+func metricByLabel(exposition []byte, name, label string) map[string]float64 {
+	sums := map[string]float64{}
+	for _, line := range strings.Split(string(exposition), "\n") {
+		if !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		_, rest, ok := strings.Cut(line, label+`="`)
+		if !ok {
+			continue
+		}
+		value, _, _ := strings.Cut(rest, `"`)
+		f := strings.Fields(line)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			sums[value] += v
+		}
+	}
+	return sums
+}
+
+// mapDelta returns after - before, key by key, leaving out zeros.
+func mapDelta(after, before map[string]float64) map[string]float64 {
+	d := map[string]float64{}
+	for k, v := range after {
+		if v -= before[k]; v != 0 {
+			d[k] = v
+		}
+	}
+	return d
+}
+
 // scrape fetches a plain-HTTP metrics endpoint, with token if not empty.
 func scrape(ctx context.Context, url, token string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)

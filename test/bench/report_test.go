@@ -1,6 +1,7 @@
 package main
 
 import (
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -117,5 +118,24 @@ func TestMakeCommand(t *testing.T) {
 		if got := makeCommand("make bench-idle", "BENCH_IDLE_FLAGS", tc.args); got != tc.want {
 			t.Errorf("makeCommand(%q) = %q, want %q", tc.args, got, tc.want)
 		}
+	}
+}
+
+// TestMetricByLabel: samples are summed by their label's value, and those
+// without the label, or of another metric, are left out.
+func TestMetricByLabel(t *testing.T) {
+	b := []byte(`# HELP apiserver_watch_events_total x
+apiserver_watch_events_total{group="",resource="pods",version="v1"} 10
+apiserver_watch_events_total{group="apps",resource="pods",version="v1"} 5
+apiserver_watch_events_total{group="",resource="configmaps",version="v1"} 2.5
+apiserver_watch_events_total 7
+apiserver_watch_events_total_other{resource="pods"} 100
+`)
+	got := metricByLabel(b, "apiserver_watch_events_total", "resource")
+	if want := map[string]float64{"pods": 15, "configmaps": 2.5}; !maps.Equal(got, want) {
+		t.Errorf("metricByLabel = %v, want %v", got, want)
+	}
+	if d := mapDelta(map[string]float64{"pods": 15, "nodes": 3}, map[string]float64{"pods": 10, "nodes": 3}); !maps.Equal(d, map[string]float64{"pods": 5}) {
+		t.Errorf("mapDelta = %v, want only pods 5", d)
 	}
 }
