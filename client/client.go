@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"strings"
@@ -228,6 +229,31 @@ func local(target string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// Connected reports whether the connection to the daemon is up, waiting
+// up to d for it unless it is failing (TRANSIENT_FAILURE) or closed: what
+// a caller with somewhere else to go, such as WrapConfig, asks before each
+// request.
+func (c *Client) Connected(ctx context.Context, d time.Duration) bool {
+	state := c.conn.GetState()
+	if state == connectivity.Ready {
+		return true
+	}
+	if state == connectivity.TransientFailure || state == connectivity.Shutdown {
+		return false
+	}
+	c.conn.Connect()
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	for {
+		if state = c.conn.GetState(); state == connectivity.Ready {
+			return true
+		}
+		if state == connectivity.TransientFailure || state == connectivity.Shutdown || !c.conn.WaitForStateChange(ctx, state) {
+			return false
+		}
+	}
+}
+
 // Close closes the connection; watches on it end.
 func (c *Client) Close() error { return c.conn.Close() }
 
@@ -326,6 +352,20 @@ func (s *Stream) Recv() ([]*informerdv1.Event, error) {
 		return nil, err
 	}
 	return resp.GetEvents(), nil
+}
+
+// Accepted waits for the daemon's answer to the stream's request: nil once
+// the daemon accepted it (authorized, its informer synced), else the
+// status the stream ended with.
+func (s *Stream) Accepted() error {
+	if md, err := s.s.Header(); err == nil && md.Get(informerdv1.HeaderAccepted) != nil {
+		return nil
+	}
+	_, err := s.s.Recv() // the status of a stream that ended before it was accepted
+	if err == nil || errors.Is(err, io.EOF) {
+		err = status.Error(codes.Unavailable, "informerd ended the stream before accepting it")
+	}
+	return err
 }
 
 // Close ends the stream.

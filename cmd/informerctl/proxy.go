@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/client/wrapconfig"
 )
 
 type proxyFlags struct {
@@ -68,7 +69,7 @@ func proxyCmd(ctx context.Context, e *env, o *proxyFlags, args []string) error {
 		return err
 	}
 	defer c.Close()
-	h, err := newProxy(cfg, c, client.WrapOptions{ClientName: "informerctl-proxy", Strict: o.strict}, accept, reject)
+	h, err := newProxy(cfg, c, wrapconfig.Options{ClientName: "informerctl-proxy", Strict: o.strict}, accept, reject)
 	if err != nil {
 		return err
 	}
@@ -117,17 +118,17 @@ func regexps(list string) ([]*regexp.Regexp, error) {
 }
 
 // newProxy returns the proxy's handler: requests for the API server at
-// cfg.Host go through client.WrapConfig's transport, so that list and
+// cfg.Host go through wrapconfig.Wrap's transport, so that list and
 // watch requests are answered by the daemon (as the token's
 // ServiceAccount) and the rest go to the API server with cfg's
 // credentials. The caller's own Authorization and impersonation headers
 // are dropped: the proxy speaks for cfg's user only, as kubectl proxy.
-func newProxy(cfg *rest.Config, c *client.Client, o client.WrapOptions, accept, reject []*regexp.Regexp) (http.Handler, error) {
+func newProxy(cfg *rest.Config, c *client.Client, o wrapconfig.Options, accept, reject []*regexp.Regexp) (http.Handler, error) {
 	target, _, err := rest.DefaultServerUrlFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("the kubeconfig's server: %w", err)
 	}
-	rt, err := rest.TransportFor(client.WrapConfig(cfg, c, o))
+	rt, err := rest.TransportFor(wrapconfig.Wrap(cfg, c, o))
 	if err != nil {
 		return nil, fmt.Errorf("the kubeconfig's transport: %w", err)
 	}

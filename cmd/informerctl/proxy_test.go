@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/client/wrapconfig"
 )
 
 // TestProxyFilters: the proxy refuses Host headers other than loopback
@@ -35,7 +36,7 @@ func TestProxyFilters(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	accept, _ := regexps(defaultAcceptHosts)
 	reject, _ := regexps(defaultRejectPaths)
-	h, err := newProxy(&rest.Config{Host: api.URL, BearerToken: "kubeconfig-token", Transport: tr}, c, client.WrapOptions{}, accept, reject)
+	h, err := newProxy(&rest.Config{Host: api.URL, BearerToken: "kubeconfig-token", Transport: tr}, c, wrapconfig.Options{}, accept, reject)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,7 @@ import (
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/client/wrapconfig"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
@@ -44,15 +45,15 @@ const (
 	modeDirectTyped = "direct-typed"   // a client-go typed informer (protobuf) per resource
 	modeSharedTyped = "shared-typed"   // typed informers on informerd's ListerWatcher, protobuf
 	// The same typed informers as direct-typed, unmodified, over
-	// client.WrapConfig of the same config.
+	// wrapconfig.Wrap of the same config.
 	modeWrappedTyped = "wrapped-typed"
 	modeDirectCtrl   = "direct-ctrl"  // a controller-runtime cache's informers
-	modeWrappedCtrl  = "wrapped-ctrl" // the same over client.WrapConfig
+	modeWrappedCtrl  = "wrapped-ctrl" // the same over wrapconfig.Wrap
 )
 
 var modes = []string{modeDirect, modeStore, modeNoStore, modeDirectTyped, modeSharedTyped, modeWrappedTyped, modeDirectCtrl, modeWrappedCtrl}
 
-// wrapped reports whether mode reads through client.WrapConfig: it needs
+// wrapped reports whether mode reads through wrapconfig.Wrap: it needs
 // an informerd token and one for the API server.
 func wrapped(mode string) bool { return strings.HasPrefix(mode, "wrapped") }
 
@@ -152,7 +153,7 @@ func directConfig(kubeconfig, tokenFile string) (*rest.Config, error) {
 }
 
 // modeConfig is the rest.Config of a direct or wrapped mode: the same
-// config, wrapped with client.WrapConfig over the daemon at socket for the
+// config, wrapped with wrapconfig.Wrap over the daemon at socket for the
 // wrapped modes.
 func modeConfig(mode, kubeconfig, socket, tokenFile, apiTokenFile, name string) (*rest.Config, error) {
 	if !wrapped(mode) {
@@ -166,7 +167,7 @@ func modeConfig(mode, kubeconfig, socket, tokenFile, apiTokenFile, name string) 
 	if err != nil {
 		return nil, err
 	}
-	return client.WrapConfig(cfg, c, client.WrapOptions{ClientName: name}), nil
+	return wrapconfig.Wrap(cfg, c, wrapconfig.Options{ClientName: name}), nil
 }
 
 // runCtrlCache runs a controller-runtime cache of ConfigMaps and Pods in

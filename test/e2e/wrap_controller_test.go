@@ -27,6 +27,7 @@ import (
 
 	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/client/wrapconfig"
 	"github.com/informerd/informerd/test/controlplane"
 )
 
@@ -138,7 +139,7 @@ func TestWrapConfigControllerRuntime(t *testing.T) {
 			cfg.BearerToken = apiToken
 			c := dialWith(t, d.socket, client.WithToken(mintToken(t, saNS, sa, auth.DefaultAudience)))
 			reg := prometheus.NewRegistry()
-			wrapped := client.WrapConfig(cfg, c, client.WrapOptions{ClientName: "summarizer", Registerer: reg})
+			wrapped := wrapconfig.Wrap(cfg, c, wrapconfig.Options{ClientName: "summarizer", Registerer: reg})
 
 			cm := func(name string, labels map[string]string) {
 				t.Helper()

@@ -32,6 +32,7 @@ import (
 	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/cache"
 	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/client/wrapconfig"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 	"github.com/informerd/informerd/test/controlplane"
 )
@@ -231,7 +232,7 @@ func TestWrapConfigInformersMatchDirect(t *testing.T) {
 			cfg, c := wrapIdentity(ctx, t, socket, reads(podsGVR, ns), reads(configMaps, ns))
 			cfg.ContentType = tc.contentType
 			reg := prometheus.NewRegistry()
-			wrapped := client.WrapConfig(cfg, c, client.WrapOptions{ClientName: "wrapped", Registerer: reg})
+			wrapped := wrapconfig.Wrap(cfg, c, wrapconfig.Options{ClientName: "wrapped", Registerer: reg})
 			var log requestLog
 			log.wrap(wrapped) // outside WrapConfig's transport: sees every request
 
@@ -362,7 +363,7 @@ func TestWrapConfigOneWatchForFiveClients(t *testing.T) {
 		// JSON: the metadata-only informer's view is of JSON too, so that
 		// the typed and metadata informers share one daemon informer.
 		cfg.ContentType = "application/json"
-		s := startInformers(ctx, t, client.WrapConfig(cfg, c, client.WrapOptions{ClientName: fmt.Sprintf("process-%d", i)}), ns)
+		s := startInformers(ctx, t, wrapconfig.Wrap(cfg, c, wrapconfig.Options{ClientName: fmt.Sprintf("process-%d", i)}), ns)
 		if _, ok, _ := s.cms.GetStore().GetByKey(ns + "/a"); !ok {
 			t.Fatalf("process %d does not see ConfigMap a", i)
 		}
@@ -420,7 +421,7 @@ func TestWrapConfigRBAC(t *testing.T) {
 	}
 	for _, strict := range []bool{false, true} {
 		reg := prometheus.NewRegistry()
-		wrapped := kubernetes.NewForConfigOrDie(client.WrapConfig(cfg, c, client.WrapOptions{Strict: strict, Registerer: reg}))
+		wrapped := kubernetes.NewForConfigOrDie(wrapconfig.Wrap(cfg, c, wrapconfig.Options{Strict: strict, Registerer: reg}))
 		if _, err := wrapped.CoreV1().ConfigMaps(nsA).List(ctx, metav1.ListOptions{}); err != nil {
 			t.Fatalf("strict %v: namespace A: %v", strict, err)
 		}
@@ -466,7 +467,7 @@ func TestWrapConfigPassesThrough(t *testing.T) {
 	}
 
 	reg := prometheus.NewRegistry()
-	kc := kubernetes.NewForConfigOrDie(client.WrapConfig(env.RESTConfig(), c, client.WrapOptions{Registerer: reg}))
+	kc := kubernetes.NewForConfigOrDie(wrapconfig.Wrap(env.RESTConfig(), c, wrapconfig.Options{Registerer: reg}))
 	cm, err := kc.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "written"}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create: %v", err)
@@ -496,11 +497,11 @@ func TestWrapConfigPassesThrough(t *testing.T) {
 		t.Errorf("served %v of them", n)
 	}
 
-	strict := kubernetes.NewForConfigOrDie(client.WrapConfig(env.RESTConfig(), c, client.WrapOptions{Strict: true}))
-	if _, err := strict.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "strict"}}, metav1.CreateOptions{}); !errors.Is(err, client.ErrNotServed) {
+	strict := kubernetes.NewForConfigOrDie(wrapconfig.Wrap(env.RESTConfig(), c, wrapconfig.Options{Strict: true}))
+	if _, err := strict.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "strict"}}, metav1.CreateOptions{}); !errors.Is(err, wrapconfig.ErrNotServed) {
 		t.Errorf("strict create: %v, want ErrNotServed", err)
 	}
-	if _, err := strict.CoreV1().Pods(ns).GetLogs("p", &corev1.PodLogOptions{}).DoRaw(ctx); !errors.Is(err, client.ErrNotServed) {
+	if _, err := strict.CoreV1().Pods(ns).GetLogs("p", &corev1.PodLogOptions{}).DoRaw(ctx); !errors.Is(err, wrapconfig.ErrNotServed) {
 		t.Errorf("strict logs: %v, want ErrNotServed", err)
 	}
 }

@@ -1,4 +1,4 @@
-package client
+package wrapconfig
 
 import (
 	"bytes"
@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,11 +23,12 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
+	"github.com/informerd/informerd/client"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
-// WrapOptions configure WrapConfig. Zero values take the defaults.
-type WrapOptions struct {
+// Options configure Wrap. Zero values take the defaults.
+type Options struct {
 	// ClientName identifies the process in the daemon's introspection.
 	// Default: the config's UserAgent, else "wrapconfig".
 	ClientName string
@@ -55,7 +55,7 @@ const (
 	outcomeRefused  = "refused"   // Strict: failed instead of passing through
 )
 
-// WrapConfig returns a copy of cfg whose transport answers list and watch
+// Wrap returns a copy of cfg whose transport answers list and watch
 // GETs of any resource from c's daemon, in the wire format the caller
 // asked for (JSON, protobuf as the API server encoded it, or
 // PartialObjectMetadata), and passes every other request to the API
@@ -72,7 +72,7 @@ const (
 //
 // One wrapped config, and every client made from it, may be used
 // concurrently; c must stay open while they are in use.
-func WrapConfig(cfg *rest.Config, c *Client, o WrapOptions) *rest.Config {
+func Wrap(cfg *rest.Config, c *client.Client, o Options) *rest.Config {
 	cfg = rest.CopyConfig(cfg)
 	if o.ClientName == "" {
 		o.ClientName = cfg.UserAgent
@@ -114,9 +114,9 @@ func wrapRequests(reg prometheus.Registerer) *prometheus.CounterVec {
 
 // wrapTransport is WrapConfig's RoundTripper.
 type wrapTransport struct {
-	c        *Client
+	c        *client.Client
 	next     http.RoundTripper // cfg's own transport, with its credentials
-	o        WrapOptions
+	o        Options
 	requests *prometheus.CounterVec
 	disc     *wrapDiscovery
 	// seen is the newest resourceVersion served per scope, so that no
@@ -143,7 +143,7 @@ func (t *wrapTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Body = http.NoBody
 	}
 	ctx := req.Context()
-	if !t.ready(ctx) {
+	if !t.c.Connected(ctx, t.o.DialTimeout) {
 		return t.daemonError(req, r, status.Error(codes.Unavailable, "informerd is unreachable"))
 	}
 	res, err := t.disc.lookup(ctx, r.gvr)
@@ -174,35 +174,11 @@ func (t *wrapTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.serveList(req, r, k)
 }
 
-// ready reports whether the connection to the daemon is up, waiting up to
-// DialTimeout for it unless it is failing.
-func (t *wrapTransport) ready(ctx context.Context) bool {
-	conn := t.c.conn
-	state := conn.GetState()
-	if state == connectivity.Ready {
-		return true
-	}
-	if state == connectivity.TransientFailure || state == connectivity.Shutdown {
-		return false
-	}
-	conn.Connect()
-	ctx, cancel := context.WithTimeout(ctx, t.o.DialTimeout)
-	defer cancel()
-	for {
-		if state = conn.GetState(); state == connectivity.Ready {
-			return true
-		}
-		if state == connectivity.TransientFailure || state == connectivity.Shutdown || !conn.WaitForStateChange(ctx, state) {
-			return false
-		}
-	}
-}
-
 // options returns the daemon's request for r, never older than what was
 // served for its scope.
-func (t *wrapTransport) options(r *readRequest, k kindInfo) (WatchOptions, scope) {
+func (t *wrapTransport) options(r *readRequest, k kindInfo) (client.WatchOptions, scope) {
 	sc := scope{gvr: r.gvr, namespace: r.namespace, labelSelector: r.labelSelector, fieldSelector: r.fieldSelector}
-	opts := WatchOptions{
+	opts := client.WatchOptions{
 		Resource: r.gvr, Namespace: r.namespace, LabelSelector: r.labelSelector, FieldSelector: r.fieldSelector,
 		MetadataOnly: r.format.metadata, Protobuf: r.format.protobuf && !r.format.metadata && k.builtin,
 		ClientName: t.o.ClientName,
@@ -283,7 +259,7 @@ func response(req *http.Request, code int, contentType string, body io.ReadClose
 func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo) (*http.Response, error) {
 	ctx, cancel := context.WithCancel(req.Context())
 	if r.timeout > 0 {
-		ctx, cancel = context.WithTimeout(ctx, r.timeout) // cancels the parent too
+		ctx, cancel = context.WithTimeout(req.Context(), r.timeout)
 	}
 	opts, sc := t.options(r, k)
 	w := &wrapWatch{t: t, sc: sc, enc: watchEncoder{f: r.format, k: k}, bookmarks: r.allowBookmarks, resume: r.resourceVersion}
@@ -302,12 +278,8 @@ func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo
 		cancel()
 		return t.daemonError(req, r, err)
 	}
-	if md, err := s.s.Header(); err != nil || md.Get(informerdv1.HeaderAccepted) == nil {
-		_, err := s.Recv() // the status of a stream that ended before it was accepted
+	if err := s.Accepted(); err != nil {
 		cancel()
-		if err == nil || errors.Is(err, io.EOF) {
-			err = status.Error(codes.Unavailable, "informerd ended the stream before accepting it")
-		}
 		return t.daemonError(req, r, err)
 	}
 	pr, pw := io.Pipe()
@@ -333,7 +305,7 @@ type wrapWatch struct {
 	t   *wrapTransport
 	sc  scope
 	enc watchEncoder
-	s   *Stream
+	s   *client.Stream
 	out *io.PipeWriter
 
 	resume      string // the request's resourceVersion
@@ -525,7 +497,7 @@ func (t *wrapTransport) count(outcome, reason string) {
 // wrapDiscovery knows the resources the API server serves, from the
 // daemon's discovery, refreshed for a resource it does not know.
 type wrapDiscovery struct {
-	c *Client
+	c *client.Client
 
 	mu        sync.Mutex // guards resources
 	resources map[schema.GroupVersionResource]*informerdv1.APIResource
@@ -541,7 +513,7 @@ func (d *wrapDiscovery) lookup(ctx context.Context, gvr schema.GroupVersionResou
 	if ok {
 		return res, nil
 	}
-	resp, err := d.c.api.GetDiscovery(ctx, &informerdv1.GetDiscoveryRequest{Resource: &informerdv1.GroupVersionResource{
+	resp, err := d.c.API().GetDiscovery(ctx, &informerdv1.GetDiscoveryRequest{Resource: &informerdv1.GroupVersionResource{
 		Group: gvr.Group, Version: gvr.Version, Resource: gvr.Resource}})
 	if status.Code(err) == codes.NotFound {
 		return nil, nil

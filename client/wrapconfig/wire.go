@@ -1,4 +1,4 @@
-package client
+package wrapconfig
 
 import (
 	"bytes"
@@ -331,3 +331,8 @@ func encodeStatus(f wireFormat, st *metav1.Status) ([]byte, error) {
 	}
 	return protoEnvelope("v1", "Status", raw), nil
 }
+
+// protobufMagic starts every object in the API server's protobuf encoding.
+var protobufMagic = []byte("k8s\x00")
+
+func isProtobuf(b []byte) bool { return bytes.HasPrefix(b, protobufMagic) }

@@ -1,4 +1,4 @@
-package client
+package wrapconfig
 
 import (
 	"bytes"
@@ -32,6 +32,7 @@ import (
 	clientmetadata "k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
+	"github.com/informerd/informerd/client"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
@@ -139,7 +140,7 @@ type wrapFixture struct {
 
 // newWrapFixture serves a wrapDaemon and an apiServer, and returns a
 // config of the apiServer wrapped with o.
-func newWrapFixture(t *testing.T, o WrapOptions) *wrapFixture {
+func newWrapFixture(t *testing.T, o Options) *wrapFixture {
 	t.Helper()
 	f := &wrapFixture{daemon: &wrapDaemon{end: make(chan struct{})}, api: &apiServer{}, reg: prometheus.NewRegistry()}
 	socket := filepath.Join(t.TempDir(), "d.sock")
@@ -157,7 +158,7 @@ func newWrapFixture(t *testing.T, o WrapOptions) *wrapFixture {
 		t.Cleanup(f.stopGRPC)
 	}
 	f.startGRPC()
-	c, err := Dial(socket, WithToken("t"))
+	c, err := client.Dial(socket, client.WithToken("t"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +168,7 @@ func newWrapFixture(t *testing.T, o WrapOptions) *wrapFixture {
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
 	o.Registerer = f.reg
-	f.cfg = WrapConfig(&rest.Config{Host: hs.URL, Transport: tr}, c, o)
+	f.cfg = Wrap(&rest.Config{Host: hs.URL, Transport: tr}, c, o)
 	return f
 }
 
@@ -229,7 +230,7 @@ var contentTypes = []struct{ name, contentType string }{
 func TestWrapListIsDecodedByClientGo(t *testing.T) {
 	for _, ct := range contentTypes {
 		t.Run(ct.name, func(t *testing.T) {
-			f := newWrapFixture(t, WrapOptions{})
+			f := newWrapFixture(t, Options{})
 			proto := ct.name == "protobuf"
 			a, b := testPod("a", "10"), testPod("b", "11")
 			f.daemon.set(nil, podEvent(t, informerdv1.EventType_EVENT_TYPE_ADDED, a, proto),
@@ -284,7 +285,7 @@ func recv(t *testing.T, w watch.Interface) watch.Event {
 func TestWrapWatchIsDecodedByClientGo(t *testing.T) {
 	for _, ct := range contentTypes {
 		t.Run(ct.name, func(t *testing.T) {
-			f := newWrapFixture(t, WrapOptions{})
+			f := newWrapFixture(t, Options{})
 			proto := ct.name == "protobuf"
 			a := testPod("a", "20")
 			a2 := testPod("a", "21")
@@ -328,7 +329,7 @@ func TestWrapWatchIsDecodedByClientGo(t *testing.T) {
 func TestWrapWatchList(t *testing.T) {
 	for _, ct := range contentTypes {
 		t.Run(ct.name, func(t *testing.T) {
-			f := newWrapFixture(t, WrapOptions{})
+			f := newWrapFixture(t, Options{})
 			proto := ct.name == "protobuf"
 			f.daemon.set(nil, podEvent(t, informerdv1.EventType_EVENT_TYPE_ADDED, testPod("a", "30"), proto),
 				marker(informerdv1.EventType_EVENT_TYPE_SYNCED, "31"),
@@ -361,7 +362,7 @@ func TestWrapWatchList(t *testing.T) {
 }
 
 func TestWrapMetadata(t *testing.T) {
-	f := newWrapFixture(t, WrapOptions{})
+	f := newWrapFixture(t, Options{})
 	a := testPod("a", "40")
 	a.Annotations = map[string]string{"k": "v"}
 	metaOnly := func(p *corev1.Pod) []byte {
@@ -397,7 +398,7 @@ func TestWrapMetadata(t *testing.T) {
 }
 
 func TestWrapPassesThrough(t *testing.T) {
-	f := newWrapFixture(t, WrapOptions{})
+	f := newWrapFixture(t, Options{})
 	cs := f.clientset(t, "application/json")
 	ctx := context.Background()
 	pods := cs.CoreV1().Pods("ns")
@@ -470,7 +471,7 @@ func TestWrapDaemonRefusals(t *testing.T) {
 		{"rejected", status.Error(codes.InvalidArgument, "bad selector"), reasonRejected, http.StatusBadRequest, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newWrapFixture(t, WrapOptions{})
+			f := newWrapFixture(t, Options{})
 			f.daemon.set(tc.refuse)
 			if _, err := f.clientset(t, "application/json").CoreV1().Pods("b").List(context.Background(), metav1.ListOptions{}); err != nil {
 				t.Fatal(err)
@@ -482,7 +483,7 @@ func TestWrapDaemonRefusals(t *testing.T) {
 				t.Errorf("passed for %s: %v, want 1", tc.reason, got)
 			}
 
-			strict := newWrapFixture(t, WrapOptions{Strict: true})
+			strict := newWrapFixture(t, Options{Strict: true})
 			strict.daemon.set(tc.refuse)
 			_, err := strict.clientset(t, "application/json").CoreV1().Pods("b").List(context.Background(), metav1.ListOptions{})
 			var se *apierrors.StatusError
@@ -497,7 +498,7 @@ func TestWrapDaemonRefusals(t *testing.T) {
 }
 
 func TestWrapStrictRefusesWhatItDoesNotServe(t *testing.T) {
-	f := newWrapFixture(t, WrapOptions{Strict: true})
+	f := newWrapFixture(t, Options{Strict: true})
 	_, err := f.clientset(t, "application/json").CoreV1().Pods("ns").Create(context.Background(), testPod("p", ""), metav1.CreateOptions{})
 	if !errors.Is(err, ErrNotServed) {
 		t.Fatalf("create: %v, want ErrNotServed", err)
@@ -508,7 +509,7 @@ func TestWrapStrictRefusesWhatItDoesNotServe(t *testing.T) {
 }
 
 func TestWrapFallsBackWhileTheDaemonIsDown(t *testing.T) {
-	f := newWrapFixture(t, WrapOptions{DialTimeout: 100 * time.Millisecond})
+	f := newWrapFixture(t, Options{DialTimeout: 100 * time.Millisecond})
 	f.daemon.set(nil, marker(informerdv1.EventType_EVENT_TYPE_SYNCED, "50"))
 	cs := f.clientset(t, "application/json")
 	ctx := context.Background()

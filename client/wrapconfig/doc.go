@@ -1,0 +1,10 @@
+// Package wrapconfig adopts informerd without changing a program: Wrap
+// returns a rest.Config whose transport answers list and watch GETs from
+// the node's daemon in the Kubernetes wire formats, and passes every other
+// request to the API server. `informerctl proxy` serves the same transport
+// on a local port for programs in other languages.
+//
+// It lives apart from package client so that a program that only needs a
+// Watcher links neither Prometheus nor the HTTP emulation. docs/adoption.md
+// says what is served and how.
+package wrapconfig
