@@ -284,10 +284,8 @@ type streamWatch struct {
 	// initial: the initial events (of a WatchList, or of a watch from "")
 	// are being sent; a stream failing then ends the watch.
 	initial bool
-	// fresh and order collect the snapshot after a RESET (fresh is nil
-	// when there is none).
-	fresh map[objectKey]runtime.Object
-	order []objectKey
+	// fresh collects the snapshot after a RESET (nil when there is none).
+	fresh delivered
 }
 
 // errWatchEnded: the watch sent its last event.
@@ -314,7 +312,7 @@ func (w *streamWatch) run(ctx context.Context, s *Stream) {
 			}
 		}
 		defer func() { s.Close(); s = nil }()
-		w.fresh, w.order = nil, nil
+		w.fresh = nil
 		for {
 			evs, err := s.Recv()
 			if err != nil {
@@ -383,7 +381,7 @@ func (w *streamWatch) deliver(ctx context.Context, ev *informerdv1.Event) bool {
 			w.send(ctx, watch.Event{Type: watch.Error, Object: &st})
 			return false
 		}
-		w.fresh, w.order = map[objectKey]runtime.Object{}, nil
+		w.fresh = delivered{}
 		return true
 	default:
 		return true
@@ -395,12 +393,7 @@ func (w *streamWatch) deliver(ctx context.Context, ev *informerdv1.Event) bool {
 		return false
 	}
 	if w.fresh != nil { // a snapshot after a RESET: ADDED only
-		if k, _, ok := keyOf(obj); ok {
-			if _, dup := w.fresh[k]; !dup {
-				w.order = append(w.order, k)
-			}
-			w.fresh[k] = obj
-		}
+		w.fresh.apply(watch.Added, obj)
 		return true
 	}
 	w.lw.see(rv) // before the receiver can act on it
@@ -435,12 +428,17 @@ func (w *streamWatch) sendBookmark(ctx context.Context, ev *informerdv1.Event, i
 }
 
 // catchUp ends the snapshot after a RESET (ev is its SYNCED): it sends the
-// changes from what the receiver holds to the snapshot, then a bookmark at
-// the snapshot's resourceVersion.
+// changes from what the receiver holds to the snapshot (see changesTo:
+// deletions carry the position before the RESET), then a bookmark at the
+// snapshot's resourceVersion.
 func (w *streamWatch) catchUp(ctx context.Context, ev *informerdv1.Event) bool {
 	rv := ev.GetResourceVersion()
-	changes := w.held.changesTo(w.fresh, w.order, rv)
-	w.fresh, w.order = nil, nil
+	deletedAt := w.resume
+	if deletedAt == "" {
+		deletedAt = rv
+	}
+	changes := w.held.changesTo(w.fresh, deletedAt)
+	w.fresh = nil
 	w.lw.see(rv)
 	for _, e := range changes {
 		if !w.sendObject(ctx, e) {
