@@ -243,7 +243,7 @@ func (lw *listWatch) watching(ctx context.Context, o metav1.ListOptions, await b
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	w := &streamWatch{lw: lw, o: o, out: make(chan watch.Event), cancel: cancel,
-		bookmarks: o.AllowWatchBookmarks, watchList: watchList, await: await, resume: resume}
+		bookmarks: o.AllowWatchBookmarks, watchList: watchList, await: await, resume: resume, told: resume}
 	if resume == "" {
 		w.held, w.initial = delivered{}, true
 	} else {
@@ -277,6 +277,9 @@ type streamWatch struct {
 	// resume is where the next stream resumes: after the last event sent
 	// ("" during the initial events).
 	resume string
+	// told is the receiver's position: the resourceVersion of the last
+	// object or bookmark it received, where a reflector resumes.
+	told string
 	// held is what the receiver holds: what the List or watch this one
 	// resumes from delivered, and what this one delivered since; nil when
 	// not known (a resume point no List of this Client left).
@@ -326,14 +329,32 @@ func (w *streamWatch) run(ctx context.Context, s *Stream) {
 			}
 		}
 	}
-	resumable := func(err error, _ bool) bool {
-		return w.await && !w.initial && !terminal(err) && !errors.Is(err, errWatchEnded)
+	// A stream that worked and ends UNAUTHENTICATED ended with its token:
+	// the next one reads the rotated token (see WithTokenFile) and resumes,
+	// as Watcher does, rather than a 401 on which the reflector relists.
+	resumable := func(err error, progressed bool) bool {
+		return w.await && !w.initial && !errors.Is(err, errWatchEnded) &&
+			(!terminal(err) || progressed && status.Code(err) == codes.Unauthenticated)
 	}
 	err := w.lw.c.retry(ctx, Backoff{}.withDefaults(), nil, once, resumable)
 	var st apierrors.APIStatus
 	if err != nil && terminal(err) && errors.As(toAPIError(err), &st) {
 		s := st.Status()
 		w.send(ctx, watch.Event{Type: watch.Error, Object: &s})
+	}
+	w.leave()
+}
+
+// leave keeps what the receiver holds for the watch that resumes from
+// its position (the reflector watches again at once after a watch ends,
+// at each timeoutSeconds), so that a RESET that one receives, or a RESET
+// interrupted by the end of this one, is answered with the changes too.
+func (w *streamWatch) leave() {
+	if w.held == nil || w.initial {
+		return
+	}
+	if opts, err := w.lw.options(w.o); err == nil {
+		w.lw.c.resumes.leave(opts, w.told, w.held)
 	}
 }
 
@@ -409,7 +430,7 @@ func (w *streamWatch) sendObject(ctx context.Context, e watch.Event) bool {
 		w.held.apply(e.Type, e.Object)
 	}
 	if m, err := meta.Accessor(e.Object); err == nil && !w.initial {
-		w.resume = m.GetResourceVersion()
+		w.resume, w.told = m.GetResourceVersion(), m.GetResourceVersion()
 	}
 	return true
 }
@@ -424,7 +445,11 @@ func (w *streamWatch) sendBookmark(ctx context.Context, ev *informerdv1.Event, i
 	if !w.bookmarks && !initialEventsEnd {
 		return true
 	}
-	return w.send(ctx, watch.Event{Type: watch.Bookmark, Object: w.bookmark(ev, initialEventsEnd)})
+	if !w.send(ctx, watch.Event{Type: watch.Bookmark, Object: w.bookmark(ev, initialEventsEnd)}) {
+		return false
+	}
+	w.told = rv
+	return true
 }
 
 // catchUp ends the snapshot after a RESET (ev is its SYNCED): it sends the
