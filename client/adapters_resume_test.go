@@ -2,9 +2,12 @@ package client
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -13,6 +16,10 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/watch"
+
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
 // TestListerWatcherResumesWithTheRotatedToken (issue 28): a watch whose
@@ -111,8 +118,6 @@ func TestListerWatcherKeepsWhatTheReceiverHoldsAcrossWatches(t *testing.T) {
 		t.Fatalf("first watch = %v, want %v", got, want)
 	}
 	w1.Stop()
-	for range w1.ResultChan() { // until it has ended
-	}
 	w2, err := lw.WatchWithContext(t.Context(), metav1.ListOptions{ResourceVersion: "6", AllowWatchBookmarks: true})
 	if err != nil {
 		t.Fatal(err)
@@ -120,5 +125,79 @@ func TestListerWatcherKeepsWhatTheReceiverHoldsAcrossWatches(t *testing.T) {
 	defer w2.Stop()
 	if got, want := events(t, w2, 3), []string{"DELETED b@6", "ADDED c@9", "BOOKMARK @10"}; !slices.Equal(got, want) {
 		t.Errorf("second watch = %v, want %v", got, want)
+	}
+}
+
+// TestResetDifferenceResumedAtEveryPoint (issue 28): a reflector whose
+// watch ends at any point of the changes the adapter made of a RESET, and
+// that watches again from the last object's resourceVersion (its rule),
+// gets the rest of them: it ends with the snapshot, without a 410.
+func TestResetDifferenceResumedAtEveryPoint(t *testing.T) {
+	withUID := func(e *informerdv1.Event, uid string) *informerdv1.Event {
+		e.Object = []byte(strings.Replace(string(e.Object), `"namespace"`, `"uid":"`+uid+`","namespace"`, 1))
+		return e
+	}
+	list := []*informerdv1.Event{cm("a", "1"), cm("b", "2"), cm("c", "3"), withUID(cm("e", "4"), "e1"), cm("f", "5"), ev(synced, "", "6")}
+	snapshot := func() []*informerdv1.Event {
+		return []*informerdv1.Event{ev(reset, "", ""), cm("a", "1"), cm("b", "9"), cm("d", "8"),
+			withUID(cm("e", "10"), "e2"), ev(synced, "", "12")}
+	}
+	// DELETED c, e, f; ADDED d@8; MODIFIED b@9; ADDED e@10.
+	const changes = 6
+	want := map[string]string{"a": "1", "b": "9", "d": "8", "e": "10"}
+	for k := 1; k <= changes; k++ {
+		t.Run(fmt.Sprintf("ended after change %d", k), func(t *testing.T) {
+			d := (&scriptedDaemon{}).then(nil, list...).then(nil, snapshot()...).then(nil, snapshot()...)
+			lw := NewListerWatcher(serveScripted(t, d), WatchOptions{Resource: configMaps})
+			l, err := lw.ListWithContext(t.Context(), metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := map[string]string{}
+			for _, o := range l.(*unstructured.UnstructuredList).Items {
+				held[o.GetName()] = o.GetResourceVersion()
+			}
+			rv := "6"
+			apply := func(w watch.Interface, n int) {
+				for range n {
+					e, ok := <-w.ResultChan()
+					if !ok {
+						t.Fatalf("the watch ended; the reflector holds %v", held)
+					}
+					m, ok := e.Object.(*unstructured.Unstructured)
+					if !ok {
+						t.Fatalf("%s event: %v", e.Type, e.Object)
+					}
+					switch e.Type {
+					case watch.Added, watch.Modified:
+						held[m.GetName()] = m.GetResourceVersion()
+					case watch.Deleted:
+						delete(held, m.GetName())
+					case watch.Bookmark:
+					default:
+						t.Fatalf("%s event: %v", e.Type, e.Object)
+					}
+					rv = m.GetResourceVersion()
+				}
+			}
+			w1, err := lw.WatchWithContext(t.Context(), metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			apply(w1, k)
+			w1.Stop() // as the reflector does, reading no more
+			w2, err := lw.WatchWithContext(t.Context(), metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w2.Stop()
+			// The rest of the changes, then the bookmark at 12.
+			for rv != "12" {
+				apply(w2, 1)
+			}
+			if !maps.Equal(held, want) {
+				t.Errorf("the reflector holds %v, want %v", held, want)
+			}
+		})
 	}
 }

@@ -242,7 +242,7 @@ func (lw *listWatch) watching(ctx context.Context, o metav1.ListOptions, await b
 		resume = ""
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	w := &streamWatch{lw: lw, o: o, out: make(chan watch.Event), cancel: cancel,
+	w := &streamWatch{lw: lw, o: o, out: make(chan watch.Event), cancel: cancel, done: make(chan struct{}),
 		bookmarks: o.AllowWatchBookmarks, watchList: watchList, await: await, resume: resume, told: resume}
 	if resume == "" {
 		w.held, w.initial = delivered{}, true
@@ -269,6 +269,7 @@ type streamWatch struct {
 	o         metav1.ListOptions
 	out       chan watch.Event
 	cancel    context.CancelFunc // ends the watch
+	done      chan struct{}      // closed when run has returned
 	bookmarks bool
 	watchList bool
 	await     bool // resume after the daemon was unreachable
@@ -294,7 +295,10 @@ type streamWatch struct {
 // errWatchEnded: the watch sent its last event.
 var errWatchEnded = errors.New("informerd: watch ended")
 
-func (w *streamWatch) Stop() { w.cancel() }
+// Stop ends the watch and returns once it has ended, so that the watch a
+// reflector opens next finds what this one left (see leave). It returns
+// promptly: nothing run waits for outlasts the watch's context.
+func (w *streamWatch) Stop() { w.cancel(); <-w.done }
 
 func (w *streamWatch) ResultChan() <-chan watch.Event { return w.out }
 
@@ -303,6 +307,7 @@ func (w *streamWatch) ResultChan() <-chan watch.Event { return w.out }
 // event), a RESET with nothing to compare with (410), or a failure it
 // cannot resume from (the channel closes; the reflector watches again).
 func (w *streamWatch) run(ctx context.Context, s *Stream) {
+	defer close(w.done)
 	defer close(w.out)
 	once := func(ctx context.Context) (progressed bool, err error) {
 		if s == nil {
