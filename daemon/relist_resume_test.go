@@ -13,17 +13,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/watch"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/informerd/informerd/client"
-	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
+	"github.com/informerd/informerd/internal/resumetest"
 )
 
 // relistAPIServer serves configmaps from a state the test sets: a LIST
@@ -104,185 +99,6 @@ func newRelistAPIServer(t *testing.T) *relistAPIServer {
 	return a
 }
 
-// breaker breaks a client's connection once: right after the k-th object
-// event that follows the first SYNCED the client receives.
-type breaker struct {
-	k int
-
-	mu    sync.Mutex // guards the fields below
-	armed bool
-	n     int
-	done  bool
-}
-
-// arm starts the count.
-// broke reports whether the break happened.
-func (b *breaker) broke() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.done
-}
-
-// arm starts the count.
-func (b *breaker) arm() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.armed = true
-}
-
-// object counts an object event; it reports whether it is the k-th since
-// the count started (then the break is due).
-func (b *breaker) object() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if !b.armed || b.done {
-		return false
-	}
-	b.n++
-	b.done = b.n == b.k
-	return b.done
-}
-
-// cut counts the events of resp, truncating it after the k-th object
-// event; it reports whether it did.
-func (b *breaker) cut(resp *informerdv1.WatchResponse) bool {
-	for i, e := range resp.Events {
-		switch e.GetType() {
-		case informerdv1.EventType_EVENT_TYPE_SYNCED:
-			b.arm()
-		case informerdv1.EventType_EVENT_TYPE_ADDED, informerdv1.EventType_EVENT_TYPE_MODIFIED, informerdv1.EventType_EVENT_TYPE_DELETED:
-			if b.object() {
-				resp.Events = resp.Events[:i+1]
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// dialOption breaks the client's streams as b says: the stream it cuts
-// fails UNAVAILABLE after the truncated batch.
-func (b *breaker) dialOption() grpc.DialOption {
-	return grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
-		streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		s, err := streamer(ctx, desc, cc, method, opts...)
-		if err != nil {
-			return nil, err
-		}
-		return &breakingStream{ClientStream: s, b: b}, nil
-	})
-}
-
-type breakingStream struct {
-	grpc.ClientStream
-	b   *breaker
-	cut bool // owned by the goroutine that receives
-}
-
-func (s *breakingStream) RecvMsg(m any) error {
-	if s.cut {
-		return status.Error(codes.Unavailable, "test: the connection broke")
-	}
-	if err := s.ClientStream.RecvMsg(m); err != nil {
-		return err
-	}
-	if resp, ok := m.(*informerdv1.WatchResponse); ok {
-		s.cut = s.b.cut(resp)
-	}
-	return nil
-}
-
-// breakingLW counts the reflector's requests for an initial state (a LIST,
-// or a WatchList's watch) and, with a breaker, ends its
-// watch (closing its channel, as at its timeoutSeconds) right after the
-// k-th object event after its initial state: the reflector watches again
-// from the resourceVersion of the last object it received.
-type breakingLW struct {
-	client.ListerWatcher
-	b *breaker // nil: no break
-
-	mu    sync.Mutex // guards lists
-	lists int        // LISTs and watches with initial events
-}
-
-func (lw *breakingLW) List(o metav1.ListOptions) (runtime.Object, error) {
-	return lw.ListWithContext(context.Background(), o)
-}
-
-func (lw *breakingLW) ListWithContext(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-	lw.counted()
-	return lw.ListerWatcher.ListWithContext(ctx, o)
-}
-
-func (lw *breakingLW) counted() {
-	lw.mu.Lock()
-	lw.lists++
-	lw.mu.Unlock()
-}
-
-func (lw *breakingLW) listed() int {
-	lw.mu.Lock()
-	defer lw.mu.Unlock()
-	return lw.lists
-}
-
-func (lw *breakingLW) Watch(o metav1.ListOptions) (watch.Interface, error) {
-	return lw.WatchWithContext(context.Background(), o)
-}
-
-func (lw *breakingLW) WatchWithContext(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-	initial := o.SendInitialEvents != nil && *o.SendInitialEvents
-	if initial {
-		lw.counted()
-	}
-	w, err := lw.ListerWatcher.WatchWithContext(ctx, o)
-	if err != nil || lw.b == nil {
-		return w, err
-	}
-	if !initial {
-		lw.b.arm() // after a List: the watch brings changes only
-	}
-	bw := &breakingWatch{inner: w, out: make(chan watch.Event), stop: make(chan struct{})}
-	go bw.run(lw.b) // ends when inner ends, is cut, or Stop
-	return bw, nil
-}
-
-type breakingWatch struct {
-	inner    watch.Interface
-	out      chan watch.Event
-	stop     chan struct{}
-	stopOnce sync.Once
-}
-
-func (w *breakingWatch) Stop() {
-	w.stopOnce.Do(func() { close(w.stop) })
-	w.inner.Stop()
-}
-
-func (w *breakingWatch) ResultChan() <-chan watch.Event { return w.out }
-
-func (w *breakingWatch) run(b *breaker) {
-	defer close(w.out)
-	defer w.inner.Stop()
-	for e := range w.inner.ResultChan() {
-		select {
-		case w.out <- e:
-		case <-w.stop:
-			return
-		}
-		switch e.Type {
-		case watch.Bookmark:
-			if m, ok := e.Object.(metav1.Object); ok && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
-				b.arm() // the end of a WatchList's initial events
-			}
-		case watch.Added, watch.Modified, watch.Deleted:
-			if b.object() {
-				return
-			}
-		}
-	}
-}
-
 // holdings renders a store as name -> uid@resourceVersion.
 func holdings(objs []any) map[string]string {
 	out := map[string]string{}
@@ -340,9 +156,9 @@ func TestResumeInsideARelistDifferenceAsClientsDo(t *testing.T) {
 	for k := 1; k <= diffObjects; k++ {
 		// client.Watcher: breaks inside its stream.
 		{
-			b := &breaker{k: k}
-			c := &clientUnderTest{name: fmt.Sprintf("Watcher broken after event %d", k), sawZ: make(chan struct{}, 1), broke: b.broke}
-			cl, err := client.Dial(srv.socket, b.dialOption())
+			b := &resumetest.Breaker{K: k}
+			c := &clientUnderTest{name: fmt.Sprintf("Watcher broken after event %d", k), sawZ: make(chan struct{}, 1), broke: b.Broke}
+			cl, err := client.Dial(srv.socket, b.DialOption())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -356,11 +172,11 @@ func TestResumeInsideARelistDifferenceAsClientsDo(t *testing.T) {
 		// An informer whose adapter's stream breaks, and one whose
 		// reflector's watch ends.
 		for _, reflector := range []bool{false, true} {
-			b := &breaker{k: k}
+			b := &resumetest.Breaker{K: k}
 			var opts []grpc.DialOption
 			name := fmt.Sprintf("adapter's stream broken after event %d", k)
 			if !reflector {
-				opts = append(opts, b.dialOption())
+				opts = append(opts, b.DialOption())
 			} else {
 				name = fmt.Sprintf("reflector's watch ended after event %d", k)
 			}
@@ -369,11 +185,11 @@ func TestResumeInsideARelistDifferenceAsClientsDo(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { cl.Close() })
-			lw := &breakingLW{ListerWatcher: client.NewListerWatcher(cl, client.WatchOptions{Resource: gvr})}
+			lw := &resumetest.BreakingLW{ListerWatcher: client.NewListerWatcher(cl, client.WatchOptions{Resource: gvr})}
 			if reflector {
-				lw.b = b
+				lw.Breaker = b
 			}
-			c := &clientUnderTest{name: name, sawZ: make(chan struct{}, 1), lists: lw.listed, broke: b.broke}
+			c := &clientUnderTest{name: name, sawZ: make(chan struct{}, 1), lists: lw.Initial, broke: b.Broke}
 			inf := toolscache.NewSharedIndexInformer(lw, &unstructured.Unstructured{}, 0, toolscache.Indexers{})
 			if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: signalZ(c)}); err != nil {
 				t.Fatal(err)
