@@ -126,6 +126,12 @@ type Request struct {
 	WaitForResource bool
 	// Holder names the subscriber in introspection.
 	Holder string
+	// AdmitNew, if set, is called (under the Manager's lock: it must not
+	// block) before a Source is started for the request, and before a
+	// lingering one is stopped to make room for it; its error fails the
+	// request. The daemon spends the caller's rate of new informers with
+	// it.
+	AdmitNew func() error
 	// Protobuf asks for built-in types in the API server's protobuf
 	// encoding; other resources, which have none, come as JSON. Protobuf
 	// and JSON subscribers of one resource are served by separate Sources.
@@ -318,7 +324,7 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 	if err != nil {
 		return nil, err
 	}
-	src, release, err := m.acquire(key, gvk, req.Holder, req.Owner)
+	src, release, err := m.acquire(key, gvk, req)
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +360,7 @@ func (m *Manager) Hold(ctx context.Context, req Request) (Key, func(), error) {
 	if err != nil {
 		return Key{}, nil, err
 	}
-	_, release, err := m.acquire(key, gvk, req.Holder, req.Owner)
+	_, release, err := m.acquire(key, gvk, req)
 	if err != nil {
 		return Key{}, nil, err
 	}
@@ -491,8 +497,9 @@ func (m *Manager) reviewClusterAccess(ctx context.Context, gvr schema.GroupVersi
 
 // acquire returns the running Source for key, starting one if none runs,
 // and a func that releases the hold. It enforces MaxSources and
-// MaxSourcesPerOwner.
-func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder, owner string) (*Source, func(), error) {
+// MaxSourcesPerOwner, and asks req.AdmitNew before it starts a Source.
+func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, req Request) (*Source, func(), error) {
+	holder, owner := req.Holder, req.Owner
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -511,6 +518,11 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder, owner st
 		}
 	}
 	if e == nil {
+		if req.AdmitNew != nil {
+			if err := req.AdmitNew(); err != nil {
+				return nil, nil, err
+			}
+		}
 		if err := m.makeRoomLocked(); err != nil {
 			return nil, nil, err
 		}
