@@ -44,6 +44,8 @@ type Server struct {
 	unary        *callerBudgets
 	unaryShare   string
 	newInformers *callerBudgets
+	// discovery is GetDiscovery's answer.
+	discovery discoveryAnswer
 	// shutdown ends every stream when cancelled.
 	shutdown       context.Context
 	cancelShutdown context.CancelFunc
