@@ -162,8 +162,8 @@ type Manager struct {
 	forgotten   time.Time
 	recovery    *recovery
 	log         *slog.Logger
-	metrics   *metrics
-	budget    *logBudget
+	metrics     *metrics
+	budget      *logBudget
 	// newUpstream makes the upstream of a Key (tests replace it).
 	newUpstream func(Key) upstream
 	ctx         context.Context // parent of every Source; ended by Close

@@ -20,10 +20,12 @@ import (
 // reads (Watch, WatchStatus, WatchAddress, Get):
 //
 //	validate (the handler, before begin; refusals go through reject)
-//	authenticate (the interceptors: the caller is on the context)
+//	authenticate (the interceptors: the caller is on the context; a
+//	      stream holds one of its caller's streams, a unary call spends
+//	      its caller's share of unary calls, and a Get holds a stream too)
 //	authorize (call.authorize: the caller's auth.Grant re-checks it)
 //	hold (call.subscribe, call.hold: counted against the caller's
-//	      informers and shown in ListInformers)
+//	      informers, and its rate of new ones, and shown in ListInformers)
 //	serve (the handler)
 //	end (call.end: the one place that maps what ended it to a status)
 //

@@ -2,7 +2,11 @@ package daemon_test
 
 import (
 	"context"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -220,5 +224,90 @@ func TestNewInformerRate(t *testing.T) {
 	}
 	if err := firstResponse(srv.dial(t, "newcomer"), named("new")); err != nil {
 		t.Fatalf("another caller's new informer (a lingering one makes room): %v", err)
+	}
+}
+
+// TestUnaryFloodLeavesABystanderServed: one caller looping GetDiscovery
+// and Get on 8 connections, without waiting out its refusals, gets its
+// share (the burst, then the rate: 10 and 10/s here, so that a loaded
+// machine floods enough) and RESOURCE_EXHAUSTED for the rest, while a
+// bystander's Gets are all answered. It logs the figures: calls
+// answered and refused, the bystander's p99 quiet and under the flood,
+// and the test process's CPU (daemon and clients together).
+func TestUnaryFloodLeavesABystanderServed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 3 s flood")
+	}
+	api := newFakeAPIServer(t)
+	const rate, burst = 10, 10
+	srv := serve(t, api, authOn, func(c *serverConfig) {
+		c.opts.Limits.UnaryCallsPerSecond, c.opts.Limits.UnaryCallBurst = rate, burst
+	})
+	getCM := &informerdv1.GetRequest{Resource: &informerdv1.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Namespace: "bench", Name: "cm-1"}
+	answered := func(err error) bool { return err == nil || status.Code(err) == codes.NotFound }
+	bystander := srv.dial(t, "bystander").API()
+	// p99 of the bystander's Gets over d, each answered.
+	measure := func(d time.Duration) time.Duration {
+		var lat []time.Duration
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			start := time.Now()
+			if _, err := bystander.Get(context.Background(), getCM); !answered(err) {
+				t.Errorf("the bystander's Get: %v", err)
+				return 0
+			}
+			lat = append(lat, time.Since(start))
+			time.Sleep(10 * time.Millisecond)
+		}
+		slices.Sort(lat)
+		return lat[len(lat)*99/100]
+	}
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	const quiet, flood = time.Second, 2 * time.Second
+	cpu0 := cpu()
+	quietP99 := measure(quiet)
+	cpuQuiet := cpu() - cpu0
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var ok, refused atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		greedy := informerdv1.NewInformerServiceClient(grpcConn(t, srv, "greedy"))
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				for _, call := range []func() error{
+					func() error { _, err := greedy.GetDiscovery(ctx, &informerdv1.GetDiscoveryRequest{}); return err },
+					func() error { _, err := greedy.Get(ctx, getCM); return err },
+				} {
+					switch err := call(); {
+					case answered(err):
+						ok.Add(1)
+					case status.Code(err) == codes.ResourceExhausted:
+						refused.Add(1)
+					case ctx.Err() == nil:
+						t.Errorf("the flood: %v", err)
+					}
+				}
+			}
+		})
+	}
+	start, cpu1 := time.Now(), cpu()
+	floodP99 := measure(flood)
+	cpuFlood := cpu() - cpu1
+	cancel()
+	wg.Wait()
+	took := time.Since(start)
+	t.Logf("flood of one caller on 8 connections for %s: %d calls answered, %d refused; bystander's Get p99 %s quiet, %s in the flood; process CPU %.2f cores quiet, %.2f in the flood",
+		took.Round(time.Millisecond), ok.Load(), refused.Load(), quietP99, floodP99, cpuQuiet.Seconds()/quiet.Seconds(), cpuFlood.Seconds()/took.Seconds())
+	// Its share: the burst, then the rate, and a token a call may wait
+	// for (500 ms) at the end.
+	if most := int64(burst + rate*(took.Seconds()+0.5)); ok.Load() > most {
+		t.Errorf("the flooder had %d calls answered in %s, more than its share (%d)", ok.Load(), took, most)
+	}
+	if refused.Load() == 0 {
+		t.Error("the flooder was never refused: the test proves nothing")
 	}
 }
