@@ -66,6 +66,9 @@ const unreachablePace = 250 * time.Millisecond
 // local daemon (a Unix socket or loopback) accepting again, else within
 // about a second; opts are appended to the defaults.
 //
+// A unary call the daemon refuses for its caller's share (RESOURCE_EXHAUSTED
+// with a retry delay) is made again after that delay, within its context.
+//
 // Every call carries the caller's token: from WithTokenFile or WithToken,
 // else from DefaultTokenFile when it exists. A host that is not loopback
 // is reached only WithTLS, so that the token never crosses the network in
@@ -92,6 +95,7 @@ func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 	defaults := []grpc.DialOption{
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(informerdv1.MaxMessageBytes)),
 		grpc.WithConnectParams(reconnect),
+		grpc.WithChainUnaryInterceptor(retryShares),
 	}
 	if !hasTLS {
 		defaults = append(defaults, grpc.WithTransportCredentials(insecure.NewCredentials())) // Unix socket or loopback

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/cache"
@@ -85,6 +86,11 @@ func toStatus(err error) error {
 	}
 	if reason != "" {
 		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Domain: informerdv1.ErrorDomain, Reason: reason, Metadata: metadata}); derr == nil {
+			st = d
+		}
+	}
+	if after, ok := retryDelay(err); ok {
+		if d, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(after)}); derr == nil {
 			st = d
 		}
 	}
