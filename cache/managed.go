@@ -95,7 +95,7 @@ func (in *interner) share(o *Object) {
 	}
 	// The holes must come back as they went: the object is served from
 	// them. Anything unexpected keeps the object whole.
-	got, ok := holesIn(data)
+	_, got, ok := holesIn(data)
 	if !ok || len(got) != len(holes) {
 		return
 	}
@@ -186,7 +186,7 @@ func (o *Object) Buffers() [][]byte {
 	if o.mf == nil {
 		return [][]byte{o.Data}
 	}
-	holes, ok := holesIn(o.Data)
+	region, holes, ok := holesIn(o.Data)
 	if !ok || len(holes)+1 != len(o.mf.pieces) {
 		return [][]byte{o.Data} // cannot happen: share checked it
 	}
@@ -204,14 +204,12 @@ func (o *Object) Buffers() [][]byte {
 		size += len(h)
 	}
 	if IsProtobuf(o.Data) {
-		region, _ := protoManagedFields(o.Data)
 		bufs, ok := protoSplice(o.Data, region, size, repl)
 		if !ok {
 			return [][]byte{o.Data}
 		}
 		return bufs
 	}
-	region, _ := jsonManagedFields(o.Data)
 	return append(append([][]byte{o.Data[:region.from]}, repl...), o.Data[region.to:])
 }
 
@@ -224,20 +222,19 @@ func (o *Object) Bytes() []byte {
 	return bytes.Join(o.Buffers(), nil)
 }
 
-// holesIn returns the holes kept in data's cut-down managedFields.
-func holesIn(data []byte) ([][]byte, bool) {
+// holesIn returns where data's cut-down managedFields are and the holes
+// they keep.
+func holesIn(data []byte) (span, [][]byte, bool) {
+	locate, holesOf := jsonManagedFields, jsonHolesIn
 	if IsProtobuf(data) {
-		region, ok := protoManagedFields(data)
-		if !ok {
-			return nil, false
-		}
-		return protoHolesIn(data[region.from:region.to])
+		locate, holesOf = protoManagedFields, protoHolesIn
 	}
-	region, ok := jsonManagedFields(data)
+	region, ok := locate(data)
 	if !ok {
-		return nil, false
+		return span{}, nil, false
 	}
-	return jsonHolesIn(data[region.from:region.to])
+	holes, ok := holesOf(data[region.from:region.to])
+	return region, holes, ok
 }
 
 // errFound ends a scan once what it looks for is found.

@@ -175,3 +175,53 @@ func mustJSON(t *testing.T, v any) []byte {
 	}
 	return b
 }
+
+// BenchmarkManagedFields weighs, per object, what the daemon pays to read
+// an object from a watch (decode, and intern what objects repeat) and to
+// write it in the full view (its buffers) with managedFields stripped, the
+// former default, and kept and shared, the default: a Pod and a 1 KiB
+// ConfigMap of TestHeapPerStoredObject, in JSON and protobuf.
+func BenchmarkManagedFields(b *testing.B) {
+	for _, kind := range []struct {
+		name   string
+		newObj objectFunc
+	}{{"pod", apiServerPod}, {"configmap", apiServerConfigMap}} {
+		for _, enc := range []string{"json", "protobuf"} {
+			data := eventObject(b, watchEvents(b, kind.newObj, enc, 1, 7), enc)
+			for _, strip := range []bool{true, false} {
+				mode := "share"
+				if strip {
+					mode = "strip"
+				}
+				in := newInterner()
+				read := func() *Object {
+					o, _, err := decodeAnyObject(data, strip)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if len(o.Data) > 0 && &o.Data[0] == &data[0] {
+						o.Data = bytes.Clone(data) // as a watch does
+					}
+					in.object(o)
+					return o
+				}
+				b.Run(kind.name+"/"+enc+"/"+mode+"/read", func(b *testing.B) {
+					b.SetBytes(int64(len(data)))
+					b.ReportAllocs()
+					for b.Loop() {
+						read()
+					}
+				})
+				o := read()
+				b.Run(kind.name+"/"+enc+"/"+mode+"/write", func(b *testing.B) {
+					b.ReportAllocs()
+					n := 0
+					for b.Loop() {
+						n += len(o.Buffers())
+					}
+					b.ReportMetric(float64(n)/float64(b.N), "buffers/op")
+				})
+			}
+		}
+	}
+}

@@ -215,17 +215,21 @@ func encodeAll(evs []*Event, view View) {
 	}
 }
 
-// frameOf returns what the daemon keeps per (event, view): the projection
-// and a gRPC frame head (see daemon.encodeObjectFrame).
+// frameOf returns what the daemon keeps per (event, view): a gRPC frame
+// head and the object's buffers in the full view, or its projection (see
+// daemon.encodeEvent).
 func frameOf(view View) func(*Event) [][]byte {
 	return func(e *Event) [][]byte {
+		head := make([]byte, 0, 24)
+		head = append(head, 0x0a, 0x80, 0x80, 0x08, 1, 3, 10)
+		head = append(head, e.ResourceVersion...)
+		if view == ViewFull {
+			return append([][]byte{head}, e.Object.Buffers()...)
+		}
 		obj, err := view.Project(e.Object)
 		if err != nil {
 			panic(err)
 		}
-		head := make([]byte, 0, 24)
-		head = append(head, 0x0a, 0x80, 0x80, 0x08, 1, 3, 10)
-		head = append(head, e.ResourceVersion...)
 		return [][]byte{head, obj}
 	}
 }
