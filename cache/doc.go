@@ -21,8 +21,8 @@
 // full view a header: the object's bytes are shared).
 //
 // Memory per stored object is its bytes, allocated at their size, plus a
-// few fixed records (the Object, its Event and state, two tree slots):
-// its name and resourceVersion are views of its bytes, and namespaces,
+// few fixed records (the Object, its Event and state, two tree slots) and
+// its name: its resourceVersion is a view of its bytes, and namespaces,
 // label sets and the shapes of managedFields are shared through a bounded
 // interner. managedFields are kept and served as the API server sent them
 // (unless Options.StripManagedFields), but an object stores only what is

@@ -51,8 +51,8 @@ func (t EventType) String() string {
 // Every byte of an Object is paid per object on every node, so it keeps
 // only what filtering and indexing read on the hot path; the rest of the
 // object (apiVersion, kind, uid, ...) is in Data, for the rare reader.
-// Name and ResourceVersion may be views of Data's memory: a reader that
-// keeps one long after the object is gone should keep a strings.Clone.
+// ResourceVersion may be a view of Data's memory: a reader that keeps it
+// long after the object is gone should keep a strings.Clone.
 type Object struct {
 	Namespace       string
 	Name            string

@@ -37,24 +37,26 @@ type interner struct {
 
 	shapes, prevShapes map[uint64]*mfShape // by hash of their pieces
 	shapesBytes        int                 // the bytes of shapes
-	seed               maphash.Seed        // of the hash of shapes
+	pieces, prevPieces map[uint64][]byte   // the large pieces of shapes, by hash
+	piecesBytes        int                 // the bytes of pieces
+	seed               maphash.Seed        // of the hashes
 }
 
 func newInterner() *interner {
 	return &interner{strs: map[string]string{}, sets: map[string]labels.Set{},
-		shapes: map[uint64]*mfShape{}, seed: maphash.MakeSeed()}
+		shapes: map[uint64]*mfShape{}, pieces: map[uint64][]byte{}, seed: maphash.MakeSeed()}
 }
 
 // object replaces o's namespace and labels with shared copies, shares its
-// managedFields, and makes its name and resourceVersion views of the same
-// bytes in Data, which are immutable, instead of copies. o must not be
-// published yet, and its Data must be its own.
+// managedFields, and makes its resourceVersion a view of the same bytes in
+// Data, which are immutable, instead of a copy. (Not its name: other
+// indexes keep names as map keys, which would keep older versions' bytes
+// alive.) o must not be published yet, and its Data must be its own.
 func (in *interner) object(o *Object) {
 	if in == nil {
 		return
 	}
 	in.share(o)
-	o.Name = within(o.Data, o.Name)
 	o.ResourceVersion = within(o.Data, o.ResourceVersion)
 	in.mu.Lock()
 	defer in.mu.Unlock()

@@ -107,53 +107,98 @@ func (in *interner) share(o *Object) {
 	o.Data, o.mf = data, in.shape(shape)
 }
 
-// newShape returns the shape of mf around holes.
+// newShape returns the shape of mf around holes, its pieces sub-slices
+// of mf until the interner makes them its own (see shape).
 func newShape(mf []byte, holes []hole) *mfShape {
-	size := len(mf)
-	for _, h := range holes {
-		size -= h.to - h.from
-	}
-	buf := make([]byte, 0, size)
-	s := &mfShape{pieces: make([][]byte, 0, len(holes)+1), size: size}
+	s := &mfShape{pieces: make([][]byte, 0, len(holes)+1)}
 	at := 0
 	for _, h := range append(holes, hole{span: span{len(mf), len(mf)}}) {
-		start := len(buf)
-		buf = append(buf, mf[at:h.from]...)
-		s.pieces = append(s.pieces, buf[start:len(buf):len(buf)])
+		s.pieces = append(s.pieces, mf[at:h.from:h.from])
+		s.size += h.from - at
 		at = h.to
 	}
 	return s
 }
 
-// shape returns the shared copy of s, equal to it.
+// minSharedPiece is the smallest piece of a shape shared on its own: the
+// shapes of one kind that differ in a few bytes (the lengths, in
+// protobuf, of entries that hold an IP of another length) share the rest.
+const minSharedPiece = 64
+
+// shape returns the shared copy of the new shape s, equal to it. The
+// pieces of a shape it keeps are its own: shared with other shapes, or
+// copied.
 func (in *interner) shape(s *mfShape) *mfShape {
-	if in == nil {
-		return s
-	}
-	var h maphash.Hash
-	h.SetSeed(in.seed)
-	var n [binaryLen]byte
-	for _, p := range s.pieces {
-		h.Write(putLen(n[:], len(p)))
-		h.Write(p)
-	}
-	key := h.Sum64()
+	key := in.hash(s.pieces...)
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if v, ok := in.shapes[key]; ok {
 		if v.equal(s) {
 			return v
 		}
-		return s // a collision: not shared
+		return in.own(s) // a collision: not shared
 	}
 	if v, ok := in.prevShapes[key]; ok && v.equal(s) {
 		s = v
+	} else {
+		s = in.own(s)
 	}
 	if len(in.shapes) >= maxInterned || in.shapesBytes+s.size > maxShapesBytes {
 		in.prevShapes, in.shapes, in.shapesBytes = in.shapes, make(map[uint64]*mfShape, len(in.shapes)), 0
 	}
 	in.shapes[key] = s
 	in.shapesBytes += s.size
+	return s
+}
+
+// hash returns the hash of a sequence of pieces.
+func (in *interner) hash(pieces ...[]byte) uint64 {
+	var h maphash.Hash
+	h.SetSeed(in.seed)
+	var n [binaryLen]byte
+	for _, p := range pieces {
+		h.Write(putLen(n[:], len(p)))
+		h.Write(p)
+	}
+	return h.Sum64()
+}
+
+// own makes s's pieces the interner's: each large piece shared with the
+// shapes that have it, the small ones copied into one buffer. in.mu must
+// be held.
+func (in *interner) own(s *mfShape) *mfShape {
+	small := 0
+	for i, p := range s.pieces {
+		if len(p) < minSharedPiece {
+			small += len(p)
+			continue
+		}
+		key := in.hash(p)
+		v, ok := in.pieces[key]
+		if !ok || !bytes.Equal(v, p) {
+			if w, ok := in.prevPieces[key]; ok && bytes.Equal(w, p) {
+				v = w
+			} else {
+				v = bytes.Clone(p)
+			}
+			if len(in.pieces) >= maxInterned || in.piecesBytes+len(v) > maxShapesBytes {
+				in.prevPieces, in.pieces, in.piecesBytes = in.pieces, make(map[uint64][]byte, len(in.pieces)), 0
+			}
+			if _, taken := in.pieces[key]; !taken {
+				in.pieces[key] = v
+				in.piecesBytes += len(v)
+			}
+		}
+		s.pieces[i] = v
+	}
+	buf := make([]byte, 0, small)
+	for i, p := range s.pieces {
+		if len(p) < minSharedPiece {
+			start := len(buf)
+			buf = append(buf, p...)
+			s.pieces[i] = buf[start:len(buf):len(buf)]
+		}
+	}
 	return s
 }
 
