@@ -225,3 +225,26 @@ func BenchmarkManagedFields(b *testing.B) {
 		}
 	}
 }
+
+// TestSharedManagedFieldsWithResourceVersion: a deletion stamps the
+// object's last state with a newer resourceVersion; it is still served
+// whole, managedFields included.
+func TestSharedManagedFieldsWithResourceVersion(t *testing.T) {
+	for _, enc := range []string{"json", "protobuf"} {
+		t.Run(enc, func(t *testing.T) {
+			body := watchEvents(t, apiServerPod, enc, 1, 3)
+			o := decodeWatchBody(t, body, newInterner())[0]
+			stamped := o.withResourceVersion("99999")
+			if stamped.mf == nil || stamped.ResourceVersion != "99999" {
+				t.Fatalf("stamped object: shape %v, resourceVersion %q", stamped.mf, stamped.ResourceVersion)
+			}
+			var want, got corev1.Pod
+			decodeAs(t, enc, eventObject(t, body, enc), &want)
+			decodeAs(t, enc, stamped.Bytes(), &got)
+			want.ResourceVersion = "99999"
+			if a, b := mustJSON(t, want), mustJSON(t, got); !bytes.Equal(a, b) {
+				t.Errorf("stamped object served as\n%s\nwant\n%s", b, a)
+			}
+		})
+	}
+}
