@@ -66,8 +66,10 @@ type Object struct {
 	// valid object still, for any reader that does not read
 	// managedFields). Buffers and Bytes return the object whole.
 	Data []byte
-	// mf is the shape of the managedFields cut down in Data, or nil.
-	mf *mfShape
+	// mf is the shape of the managedFields cut down in Data, or nil; they
+	// are Data[mfAt:mfEnd].
+	mf          *mfShape
+	mfAt, mfEnd uint32
 }
 
 // MaxFrameSlots bounds the number of distinct encodings memoized per Event:

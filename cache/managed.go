@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"hash/maphash"
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -95,8 +96,8 @@ func (in *interner) share(o *Object) {
 	}
 	// The holes must come back as they went: the object is served from
 	// them. Anything unexpected keeps the object whole.
-	_, got, ok := holesIn(data)
-	if !ok || len(got) != len(holes) {
+	at, got, ok := holesIn(data)
+	if !ok || len(got) != len(holes) || uint64(len(data)) > math.MaxUint32 {
 		return
 	}
 	for i, h := range holes {
@@ -104,7 +105,18 @@ func (in *interner) share(o *Object) {
 			return
 		}
 	}
-	o.Data, o.mf = data, in.shape(shape)
+	o.Data, o.mf, o.mfAt, o.mfEnd = data, in.shape(shape), uint32(at.from), uint32(at.to)
+}
+
+// locateManaged records where o's cut-down managedFields are in its Data,
+// after Data changed around them; false if they are not found.
+func (o *Object) locateManaged() bool {
+	at, holes, ok := holesIn(o.Data)
+	if !ok || len(holes)+1 != len(o.mf.pieces) {
+		return false
+	}
+	o.mfAt, o.mfEnd = uint32(at.from), uint32(at.to)
+	return true
 }
 
 // newShape returns the shape of mf around holes, its pieces sub-slices
@@ -231,7 +243,12 @@ func (o *Object) Buffers() [][]byte {
 	if o.mf == nil {
 		return [][]byte{o.Data}
 	}
-	region, holes, ok := holesIn(o.Data)
+	region := span{int(o.mfAt), int(o.mfEnd)}
+	holesOf := jsonHolesIn
+	if IsProtobuf(o.Data) {
+		holesOf = protoHolesIn
+	}
+	holes, ok := holesOf(o.Data[region.from:region.to])
 	if !ok || len(holes)+1 != len(o.mf.pieces) {
 		return [][]byte{o.Data} // cannot happen: share checked it
 	}
