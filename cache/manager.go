@@ -53,8 +53,10 @@ type Options struct {
 	MaxLingering int
 	// Log bounds each Source's event log.
 	Log LogLimits
-	// KeepManagedFields keeps metadata.managedFields. Default false.
-	KeepManagedFields bool
+	// StripManagedFields removes metadata.managedFields from stored and
+	// served objects. Default false: they are served as the API server
+	// sends them, and what they repeat across objects is stored once.
+	StripManagedFields bool
 	// PageSize is the LIST page size. Default 500.
 	PageSize int64
 	// UpstreamTimeout bounds each LIST page and how long a watch may bring
@@ -266,7 +268,7 @@ func NewManager(opts Options) (*Manager, error) {
 		return &restUpstream{
 			client: client, path: collectionPath(key), fieldSel: key.FieldSelector,
 			pageSize: opts.PageSize, timeout: opts.UpstreamTimeout,
-			stripMF: !opts.KeepManagedFields, intern: intern, watchList: !opts.DisableWatchList, protobuf: key.Protobuf,
+			stripMF: opts.StripManagedFields, intern: intern, watchList: !opts.DisableWatchList, protobuf: key.Protobuf,
 		}
 	}
 	m := newManager(opts, nil, newUpstream)

@@ -170,7 +170,7 @@ func (s *Server) Get(ctx context.Context, req *informerdv1.GetRequest) (_ *infor
 	}
 	data, err := view.Project(o)
 	if err != nil {
-		data = o.Data // as encodeEvent: the API server sent these bytes
+		data = o.Bytes() // as encodeEvent: the API server sent these bytes
 	}
 	return &informerdv1.GetResponse{Object: data}, nil
 }

@@ -35,7 +35,7 @@ type config struct {
 	recoveryWindow  time.Duration
 	// prepareSocketDir is -prepare-socket-dir's owner, if set.
 	prepareSocketDir *owner
-	keepManaged      bool
+	stripManaged     bool
 	disableWatchLst  bool
 	kubeAPIQPS       float64
 	kubeAPIBurst     int
@@ -88,7 +88,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.logMinAge, "log-min-age", 30*time.Second, "events younger than this stay in the log past -log-max-events; 0: no floor")
 	fs.DurationVar(&c.recoveryWindow, "recovery-window", 10*time.Second, "when the API server answers again after failing, informers waiting to retry it do so after a random delay within this window, instead of after their backoff (up to 30 s): size it so that nodes x informers per node / window is a re-list rate the API server can take (docs/scale.md); 0: off, each informer waits out its own backoff as client-go's reflector does")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 2*time.Minute, "bound on each LIST page and on a watch that brings nothing (the API server bookmarks about every minute)")
-	fs.BoolVar(&c.keepManaged, "keep-managed-fields", false, "keep metadata.managedFields in served objects")
+	fs.BoolVar(&c.stripManaged, "strip-managed-fields", false, "remove metadata.managedFields from stored and served objects (by default they are served as the API server sends them)")
 	fs.BoolVar(&c.disableWatchLst, "disable-watch-list", false, "list with LIST instead of WatchList streaming")
 	fs.Float64Var(&c.kubeAPIQPS, "kube-api-qps", 50, "queries per second to the API server for LISTs, the daemon's own access reviews and discovery, one budget for all of them (watches, WatchList streams included, are not limited; TokenReviews and SubjectAccessReviews have -review-qps)")
 	fs.IntVar(&c.kubeAPIBurst, "kube-api-burst", 100, "burst above -kube-api-qps")

@@ -100,8 +100,8 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 	}
 	mgr, err := cache.NewManager(cache.Options{
 		Config: restCfg, Scope: cache.ScopeStrategy(c.scope), LingerTTL: c.lingerTTL,
-		Log:               cache.LogLimits{MaxEvents: c.logMaxEvents, MaxBytes: c.logMaxBytes, MinAge: minAge},
-		KeepManagedFields: c.keepManaged, DisableWatchList: c.disableWatchLst, UpstreamTimeout: c.upstreamTimeout,
+		Log:                cache.LogLimits{MaxEvents: c.logMaxEvents, MaxBytes: c.logMaxBytes, MinAge: minAge},
+		StripManagedFields: c.stripManaged, DisableWatchList: c.disableWatchLst, UpstreamTimeout: c.upstreamTimeout,
 		RecoveryWindow: c.recoveryWindow,
 		MaxObjectBytes: c.maxObjectBytes, MaxSources: c.maxInformers, MaxSourcesPerOwner: c.maxPerCaller, MaxLogBytes: c.maxLogBytesAll,
 		Logger: log, Registerer: reg,

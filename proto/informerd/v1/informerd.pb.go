@@ -84,7 +84,8 @@ type View int32
 const (
 	// VIEW_UNSPECIFIED means VIEW_FULL.
 	View_VIEW_UNSPECIFIED View = 0
-	// VIEW_FULL carries the whole object, managedFields removed.
+	// VIEW_FULL carries the whole object as the API server sent it,
+	// managedFields included unless the daemon strips them.
 	View_VIEW_FULL View = 1
 	// VIEW_METADATA carries apiVersion, kind and metadata only (in protobuf,
 	// the object's type with only its metadata field).
@@ -2206,7 +2207,7 @@ type ResourceStatus struct {
 	// object_json when it was asked for.
 	Generated []*ResourceStatus `protobuf:"bytes,9,rep,name=generated,proto3" json:"generated,omitempty"`
 	// object_json is the object the status was computed from, as the daemon's
-	// cache held it (JSON, managedFields removed unless the daemon keeps
+	// cache held it (JSON, managedFields included unless the daemon strips
 	// them), when the request set include_objects and the object exists. It
 	// is sent only with a status: a change of the object that does not change
 	// its status sends nothing.
