@@ -81,6 +81,14 @@ func (s *Subscription) start(ctx context.Context, resume, notOlderThan string) e
 	return nil
 }
 
+// Resets reports whether the subscription starts with a Reset (its resume
+// point is lost): read it before the first Next, from the reading
+// goroutine.
+func (s *Subscription) Resets() bool {
+	r, ok := s.phase.(*snapshot)
+	return ok && r.reset
+}
+
 // Next blocks until at least one event is ready and returns up to about
 // max of them, in order. After the Source ends it returns what is left and
 // then the Source's terminal error (wrapping ErrResourceRemoved,

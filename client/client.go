@@ -368,5 +368,13 @@ func (s *Stream) Accepted() error {
 	return err
 }
 
+// Resets reports whether an accepted stream starts with RESET and a
+// snapshot because the daemon no longer holds its resume point, before
+// any event is read: a caller may then ask elsewhere instead.
+func (s *Stream) Resets() bool {
+	md, err := s.s.Header()
+	return err == nil && md.Get(informerdv1.HeaderReset) != nil
+}
+
 // Close ends the stream.
 func (s *Stream) Close() { s.cancel() }

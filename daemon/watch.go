@@ -31,7 +31,11 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 		return err
 	}
 	defer sub.Close()
-	if err := stream.SendHeader(metadata.Pairs(informerdv1.HeaderAccepted, "true")); err != nil {
+	md := metadata.Pairs(informerdv1.HeaderAccepted, "true")
+	if sub.Resets() {
+		md.Append(informerdv1.HeaderReset, "true")
+	}
+	if err := stream.SendHeader(md); err != nil {
 		return err
 	}
 	apiVersion, kind := sub.TypeMeta()

@@ -55,3 +55,8 @@ const MetadataUser = "user"
 // that a client can tell an accepted stream that has nothing to send yet
 // from one about to fail.
 const HeaderAccepted = "informerd-accepted"
+
+// HeaderReset is a response header key of a Watch stream, sent with
+// HeaderAccepted when the requested resume point is lost: the stream
+// starts with RESET and a snapshot.
+const HeaderReset = "informerd-reset"
