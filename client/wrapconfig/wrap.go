@@ -257,12 +257,20 @@ func response(req *http.Request, code int, contentType string, body io.ReadClose
 // serveWatch answers a watch with a daemon stream, once the daemon has
 // accepted it; the response's body owns the stream.
 func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo) (*http.Response, error) {
-	ctx, cancel := context.WithCancel(req.Context())
+	var (
+		ctx      context.Context
+		cancel   context.CancelFunc
+		deadline time.Time
+	)
 	if r.timeout > 0 {
-		ctx, cancel = context.WithTimeout(req.Context(), r.timeout)
+		deadline = time.Now().Add(r.timeout)
+		ctx, cancel = context.WithDeadline(req.Context(), deadline)
+	} else {
+		ctx, cancel = context.WithCancel(req.Context())
 	}
 	opts, sc := t.options(r, k)
-	w := &wrapWatch{t: t, sc: sc, enc: watchEncoder{f: r.format, k: k}, bookmarks: r.allowBookmarks, resume: r.resourceVersion}
+	w := &wrapWatch{t: t, sc: sc, enc: watchEncoder{f: r.format, k: k}, bookmarks: r.allowBookmarks, resume: r.resourceVersion,
+		last: r.resourceVersion, deadline: deadline}
 	resume := ""
 	switch {
 	case r.sendInitialEvents != nil && *r.sendInitialEvents:
@@ -282,9 +290,15 @@ func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo
 		cancel()
 		return t.daemonError(req, r, err)
 	}
+	if resume != "" && s.Resets() && !t.o.Strict {
+		// The daemon no longer holds the resume point: the API server may
+		// still (a young cluster's RV 1), and answers 410 itself if not.
+		cancel()
+		return t.pass(req, reasonResumeLost, nil)
+	}
 	pr, pw := io.Pipe()
 	w.s, w.out = s, pw
-	go w.run(cancel) // ends when the stream does, or the body is closed
+	go w.run(ctx, cancel) // ends when the stream does, or the body is closed
 	t.count(outcomeServed, "")
 	return response(req, http.StatusOK, r.format.contentType(true), &watchBody{PipeReader: pr, cancel: cancel}, -1), nil
 }
@@ -308,34 +322,105 @@ type wrapWatch struct {
 	s   *client.Stream
 	out *io.PipeWriter
 
-	resume      string // the request's resourceVersion
-	bookmarks   bool   // allowWatchBookmarks
-	watchList   bool   // sendInitialEvents=true: end the initial events with the initial-events-end bookmark
-	initial     bool   // the stream starts with a snapshot, until SYNCED
-	skipInitial bool   // sendInitialEvents=false: do not send the snapshot
+	resume      string    // the request's resourceVersion
+	last        string    // the newest resourceVersion of the watch: the position of a bookmark
+	deadline    time.Time // timeoutSeconds' end; zero: none
+	expired     bool      // a RESET ended the watch: discard the snapshot, then answer 410
+	bookmarks   bool      // allowWatchBookmarks
+	watchList   bool      // sendInitialEvents=true: end the initial events with the initial-events-end bookmark
+	initial     bool      // the stream starts with a snapshot, until SYNCED
+	skipInitial bool      // sendInitialEvents=false: do not send the snapshot
 }
+
+// bookmarkLead is how long before timeoutSeconds ends a watch the API
+// server sends a bookmark to a watch that allows them (k8s.io/apiserver's
+// cacheWatcher.nextBookmarkTime: 2s before the deadline).
+const bookmarkLead = 2 * time.Second
 
 // run writes the stream's events to the body until the stream ends, which
 // ends the body as the API server ends a watch: cleanly, after an ERROR
-// event for a resume point the daemon no longer has (410 Expired). The
-// caller's reflector then watches again from where it was.
-func (w *wrapWatch) run(cancel context.CancelFunc) {
+// event for a resume point the daemon no longer has (410 Expired), and
+// with allowWatchBookmarks a bookmark bookmarkLead before timeoutSeconds
+// ends it. The caller's reflector then watches again from where it was.
+// A goroutine of its own receives from the stream; it ends with ctx,
+// which run cancels when it returns.
+func (w *wrapWatch) run(ctx context.Context, cancel context.CancelFunc) {
 	defer cancel()
 	defer w.out.Close()
-	for {
-		evs, err := w.s.Recv()
-		if err != nil {
-			return // the daemon ended the stream, or went away: as a watch that ends
-		}
-		for _, ev := range evs {
-			b, end, err := w.translate(ev)
-			if err == nil && b != nil {
-				_, err = w.out.Write(b)
+	type batch struct {
+		evs []*informerdv1.Event
+		err error
+	}
+	batches := make(chan batch) // unbuffered: one batch at a time
+	go func() {
+		for {
+			evs, err := w.s.Recv() // ends with ctx
+			select {
+			case batches <- batch{evs, err}:
+			case <-ctx.Done():
+				return
 			}
-			if err != nil || end {
+			if err != nil {
 				return
 			}
 		}
+	}()
+	var pretimeout <-chan time.Time
+	if w.bookmarks && !w.deadline.IsZero() {
+		if d := time.Until(w.deadline.Add(-bookmarkLead)); d > 0 {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			pretimeout = t.C
+		}
+	}
+	for {
+		select {
+		case b := <-batches:
+			if b.err != nil {
+				if w.expired { // the stream ended before the snapshot's end
+					w.writeExpired("")
+				}
+				return // the daemon ended the stream, or went away: as a watch that ends
+			}
+			for _, ev := range b.evs {
+				b, end, err := w.translate(ev)
+				if err == nil && b != nil {
+					_, err = w.out.Write(b)
+				}
+				if err != nil || end {
+					return
+				}
+			}
+		case <-pretimeout:
+			pretimeout = nil
+			if w.initial || w.expired || w.last == "" || w.last == "0" {
+				continue // nothing the caller could resume from yet
+			}
+			b, err := w.enc.bookmark(w.last, false)
+			if err == nil {
+				_, err = w.out.Write(b)
+			}
+			if err != nil {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// writeExpired writes the API server's 410 for the watch: "too old
+// resource version: X (Y)", X the watch's last position and Y (if known)
+// the one it could resume from now (k8s.io/apiserver's watch cache names
+// its oldest).
+func (w *wrapWatch) writeExpired(now string) {
+	msg := "too old resource version: " + w.last
+	if now != "" {
+		msg += " (" + now + ")"
+	}
+	st := apierrors.NewResourceExpired(msg).ErrStatus
+	if b, err := w.enc.errorEvent(&st); err == nil {
+		_, _ = w.out.Write(b)
 	}
 }
 
@@ -343,6 +428,13 @@ func (w *wrapWatch) run(cancel context.CancelFunc) {
 // the watch ends after it.
 func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 	rv := ev.GetResourceVersion()
+	if w.expired { // reading to the snapshot's end for its resourceVersion
+		if ev.GetType() == informerdv1.EventType_EVENT_TYPE_SYNCED {
+			w.writeExpired(rv)
+			return nil, true, nil
+		}
+		return nil, false, nil
+	}
 	var t string
 	switch ev.GetType() {
 	case informerdv1.EventType_EVENT_TYPE_ADDED:
@@ -355,6 +447,7 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 		initial := w.initial
 		w.initial = false
 		w.t.saw(w.sc, rv)
+		w.advance(rv)
 		if !initial || !w.watchList {
 			return nil, false, nil
 		}
@@ -365,6 +458,7 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 			return nil, false, nil
 		}
 		w.t.saw(w.sc, rv)
+		w.advance(rv)
 		if !w.bookmarks {
 			return nil, false, nil
 		}
@@ -374,9 +468,8 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 		if w.initial {
 			return nil, false, nil // a snapshot follows, which is what was asked for
 		}
-		st := apierrors.NewResourceExpired("too old resource version: " + w.resume).ErrStatus
-		b, err := w.enc.errorEvent(&st)
-		return b, true, err
+		w.expired = true // the 410 names the snapshot's resourceVersion: read to its end
+		return nil, false, nil
 	default:
 		return nil, false, nil
 	}
@@ -391,8 +484,20 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 	}
 	if !w.initial {
 		w.t.saw(w.sc, rv)
+		w.advance(rv)
 	}
 	return b, false, nil
+}
+
+// advance notes rv as the watch's newest position, if it is newer.
+func (w *wrapWatch) advance(rv string) {
+	n, err := strconv.ParseUint(rv, 10, 64)
+	if err != nil {
+		return
+	}
+	if old, err := strconv.ParseUint(w.last, 10, 64); err != nil || n > old {
+		w.last = rv
+	}
 }
 
 // daemonError answers a request that the daemon refused or could not
@@ -475,6 +580,9 @@ func (t *wrapTransport) refuse(req *http.Request, reason string, st *metav1.Stat
 		_ = req.Body.Close() // RoundTrip closes the body, even on errors
 	}
 	if st == nil {
+		if reason == reasonImpersonate {
+			reason += ": the daemon reads as its own token, so only the API server can decide what an impersonated user may read"
+		}
 		return nil, fmt.Errorf("%w: %s %s (%s)", ErrNotServed, req.Method, req.URL.Path, reason)
 	}
 	f, _ := negotiate(req.Header.Values("Accept"), false)
