@@ -1,6 +1,9 @@
 package cache
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors; daemon maps them to gRPC codes.
 var (
@@ -28,3 +31,16 @@ var (
 	// error names the limit.
 	ErrLimit = errors.New("limit reached")
 )
+
+// TooNewError is the ErrTooNew of a subscription whose informer did not
+// reach Want within its wait: it was at Current.
+type TooNewError struct {
+	Key           Key
+	Want, Current uint64
+}
+
+func (e *TooNewError) Error() string {
+	return fmt.Sprintf("%v: %s has not reached resourceVersion %d within %s; it is at %d (retry)", ErrTooNew, e.Key, e.Want, freshnessWait, e.Current)
+}
+
+func (e *TooNewError) Unwrap() error { return ErrTooNew }

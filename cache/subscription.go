@@ -342,8 +342,7 @@ func (s *Source) waitFreshLocked(ctx context.Context, rv uint64, notOlderThan st
 			if ctx.Err() != nil {
 				return err
 			}
-			return fmt.Errorf("%w: %s has not reached resourceVersion %d within %s; it is at %d (retry)",
-				ErrTooNew, s.key, rv, freshnessWait, s.events.last.rv)
+			return &TooNewError{Key: s.key, Want: rv, Current: s.events.last.rv}
 		}
 	}
 	return nil

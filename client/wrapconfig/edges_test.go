@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -269,4 +270,52 @@ func TestWrapWatchesEndWithoutLeaks(t *testing.T) {
 	}
 	goleak.VerifyNone(t, opt)
 	t.Logf("goroutines: %d before 100 watches, %d after", before, runtime.NumGoroutine())
+}
+
+// TestWrapListAtAFutureResourceVersion: a list at a resourceVersion the
+// daemon's informer has not reached in its wait gets the API server's own
+// 504 (with Retry-After), as its watch cache answers after the same wait,
+// instead of a second wait at the API server; a floor of the wrapper's own
+// that was not reached still falls back.
+func TestWrapListAtAFutureResourceVersion(t *testing.T) {
+	tooNew := func(want string) error {
+		return withReason(codes.Unavailable, informerdv1.ReasonTooNew, map[string]string{
+			informerdv1.MetadataWantResourceVersion: want, informerdv1.MetadataCurrentResourceVersion: "50"})
+	}
+	for _, tc := range []struct {
+		name    string
+		refuse  error
+		strict  bool
+		want504 bool
+	}{
+		{"the caller's resourceVersion", tooNew("100"), false, true},
+		{"the caller's resourceVersion, strict", tooNew("100"), true, true},
+		{"another floor", tooNew("120"), false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newWrapFixture(t, Options{Strict: tc.strict})
+			f.daemon.set(tc.refuse)
+			res := f.clientset(t, "application/json").CoreV1().RESTClient().Get().AbsPath("/api/v1/namespaces/ns/pods").
+				Param("resourceVersion", "100").MaxRetries(0).Do(context.Background()) // client-go retries after Retry-After, as from the API server
+			err := res.Error()
+			var code int
+			res.StatusCode(&code)
+			if !tc.want504 {
+				if err != nil || len(f.api.got()) != 1 {
+					t.Fatalf("%v; the API server got %v: want the list passed through", err, f.api.got())
+				}
+				return
+			}
+			var se *apierrors.StatusError
+			if !errors.As(err, &se) || code != http.StatusGatewayTimeout || !apierrors.IsTimeout(err) ||
+				se.ErrStatus.Message != "Timeout: Too large resource version: 100, current: 50" ||
+				se.ErrStatus.Details == nil || se.ErrStatus.Details.RetryAfterSeconds != 1 ||
+				len(se.ErrStatus.Details.Causes) != 1 || se.ErrStatus.Details.Causes[0].Type != metav1.CauseTypeResourceVersionTooLarge {
+				t.Fatalf("%d %v, want the API server's 504 Too large resource version", code, err)
+			}
+			if got := f.api.got(); len(got) != 0 {
+				t.Errorf("the API server got %v", got)
+			}
+		})
+	}
 }

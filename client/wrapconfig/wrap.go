@@ -508,14 +508,23 @@ func (t *wrapTransport) daemonError(req *http.Request, r *readRequest, err error
 		return nil, ctxErr
 	}
 	st := status.Convert(err)
-	reason, user := "", ""
+	reason, md := "", map[string]string(nil)
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == informerdv1.ErrorDomain {
-			reason, user = info.GetReason(), info.GetMetadata()[informerdv1.MetadataUser]
+			reason, md = info.GetReason(), info.GetMetadata()
 		}
 	}
+	user := md[informerdv1.MetadataUser]
 	msg := "informerd: " + st.Message()
 	switch st.Code() {
+	case codes.Unavailable:
+		if reason == informerdv1.ReasonTooNew && !r.watch && md[informerdv1.MetadataWantResourceVersion] == r.resourceVersion {
+			// The caller's own resourceVersion, not reached in the 3s the
+			// API server's watch cache also waits: its answer, on which
+			// the caller retries after a second.
+			t.count(outcomeServed, "")
+			return statusResponse(req, tooLargeResourceVersion(r.resourceVersion, md[informerdv1.MetadataCurrentResourceVersion]))
+		}
 	case codes.NotFound:
 		return t.pass(req, reasonNotServed, notFound())
 	case codes.PermissionDenied:
@@ -585,6 +594,20 @@ func (t *wrapTransport) refuse(req *http.Request, reason string, st *metav1.Stat
 		}
 		return nil, fmt.Errorf("%w: %s %s (%s)", ErrNotServed, req.Method, req.URL.Path, reason)
 	}
+	return statusResponse(req, st)
+}
+
+// tooLargeResourceVersion is the API server's answer for a list at a
+// resourceVersion its watch cache has not reached in 3s (k8s.io/apiserver's
+// storage.NewTooLargeResourceVersionError): 504, retry after a second.
+func tooLargeResourceVersion(want, current string) *metav1.Status {
+	st := apierrors.NewTimeoutError(fmt.Sprintf("Too large resource version: %s, current: %s", want, current), 1).ErrStatus
+	st.Details.Causes = []metav1.StatusCause{{Type: metav1.CauseTypeResourceVersionTooLarge, Message: "Too large resource version"}}
+	return &st
+}
+
+// statusResponse answers req with st, as the API server writes a Status.
+func statusResponse(req *http.Request, st *metav1.Status) (*http.Response, error) {
 	f, _ := negotiate(req.Header.Values("Accept"), false)
 	f.metadata = false
 	body, err := encodeStatus(f, st)
@@ -592,7 +615,10 @@ func (t *wrapTransport) refuse(req *http.Request, reason string, st *metav1.Stat
 		return nil, err
 	}
 	resp := response(req, int(st.Code), f.contentType(false), io.NopCloser(bytes.NewReader(body)), int64(len(body)))
-	if st.Code == http.StatusTooManyRequests {
+	switch {
+	case st.Details != nil && st.Details.RetryAfterSeconds > 0:
+		resp.Header.Set("Retry-After", strconv.Itoa(int(st.Details.RetryAfterSeconds)))
+	case st.Code == http.StatusTooManyRequests:
 		resp.Header.Set("Retry-After", "1")
 	}
 	return resp, nil

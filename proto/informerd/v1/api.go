@@ -46,6 +46,20 @@ const ReasonSensitive = "SENSITIVE_RESOURCE"
 // as the API server names it, for messages in the API server's shape.
 const ReasonDenied = "ACCESS_DENIED"
 
+// ReasonTooNew is the ErrorInfo reason of an UNAVAILABLE for a request
+// whose resourceVersion the informer did not reach within its wait (3s,
+// as the API server's watch cache); its metadata carries
+// MetadataWantResourceVersion and MetadataCurrentResourceVersion.
+const ReasonTooNew = "RESOURCE_VERSION_TOO_NEW"
+
+// MetadataWantResourceVersion is the ErrorInfo metadata key of the
+// resourceVersion a request asked for, not reached.
+const MetadataWantResourceVersion = "want_resource_version"
+
+// MetadataCurrentResourceVersion is the ErrorInfo metadata key of the
+// resourceVersion the informer had reached.
+const MetadataCurrentResourceVersion = "current_resource_version"
+
 // MetadataUser is the ErrorInfo metadata key of the caller's user name.
 const MetadataUser = "user"
 
