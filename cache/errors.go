@@ -30,6 +30,9 @@ var (
 	// ErrLimit: a limit of the Manager (Options) refuses the request; the
 	// error names the limit.
 	ErrLimit = errors.New("limit reached")
+	// ErrNoInformer: a Request with ExistingInformerOnly found no informer
+	// running or lingering for its Key, and started none.
+	ErrNoInformer = errors.New("no informer runs for the request")
 )
 
 // TooNewError is the ErrTooNew of a subscription whose informer did not

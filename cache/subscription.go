@@ -24,6 +24,7 @@ type Subscription struct {
 	phase     phase
 	closeOnce sync.Once
 	release   func()
+	started   bool // Subscribe started the Source for it
 }
 
 // phase is a read of a frozen copy of a Source's store or history, done
@@ -88,6 +89,11 @@ func (s *Subscription) Resets() bool {
 	r, ok := s.phase.(*snapshot)
 	return ok && r.reset
 }
+
+// StartedSource reports whether Subscribe started the Source for this
+// subscription (none ran or lingered for its Key): a Reset then says only
+// that the new informer began after the resume point.
+func (s *Subscription) StartedSource() bool { return s.started }
 
 // Next blocks until at least one event is ready and returns up to about
 // max of them, in order. After the Source ends it returns what is left and

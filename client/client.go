@@ -295,6 +295,10 @@ type WatchOptions struct {
 	// receives an older one. The Watcher and the adapters set it
 	// themselves.
 	NotOlderThan string
+	// ExistingInformerOnly streams only from an informer the daemon
+	// already runs or keeps lingering; otherwise the stream fails with
+	// FAILED_PRECONDITION and the daemon starts nothing: for one-off reads.
+	ExistingInformerOnly bool
 }
 
 func (o WatchOptions) request(resume string) *informerdv1.WatchRequest {
@@ -320,6 +324,7 @@ func (o WatchOptions) request(resume string) *informerdv1.WatchRequest {
 		Kind:                        o.Kind,
 		Encoding:                    encoding,
 		NotOlderThanResourceVersion: o.NotOlderThan,
+		ExistingInformerOnly:        o.ExistingInformerOnly,
 	}
 }
 
@@ -368,12 +373,20 @@ func (s *Stream) Accepted() error {
 	return err
 }
 
-// Resets reports whether an accepted stream starts with RESET and a
-// snapshot because the daemon no longer holds its resume point, before
-// any event is read: a caller may then ask elsewhere instead.
-func (s *Stream) Resets() bool {
+// Reset tells, before any event is read, whether an accepted stream starts
+// with RESET and a snapshot because the daemon does not hold its resume
+// point: informerdv1.ResetLost (its informer no longer holds it) or
+// ResetNewInformer (the request started the informer, after it); "" if
+// not. A caller may then ask elsewhere instead.
+func (s *Stream) Reset() string {
 	md, err := s.s.Header()
-	return err == nil && md.Get(informerdv1.HeaderReset) != nil
+	if err != nil {
+		return ""
+	}
+	if v := md.Get(informerdv1.HeaderReset); len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // Close ends the stream.

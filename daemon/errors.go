@@ -53,6 +53,8 @@ func toStatus(err error) error {
 		code = codes.NotFound
 	case errors.Is(err, cache.ErrRejected):
 		code = codes.InvalidArgument
+	case errors.Is(err, cache.ErrNoInformer):
+		code = codes.FailedPrecondition
 	case errors.Is(err, cache.ErrLimit), errors.Is(err, errLimit), errors.Is(err, auth.ErrThrottled):
 		code = codes.ResourceExhausted
 	case errors.Is(err, statusengine.ErrForbidden):

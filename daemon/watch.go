@@ -32,8 +32,11 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 	}
 	defer sub.Close()
 	md := metadata.Pairs(informerdv1.HeaderAccepted, "true")
-	if sub.Resets() {
-		md.Append(informerdv1.HeaderReset, "true")
+	switch {
+	case sub.Resets() && sub.StartedSource():
+		md.Append(informerdv1.HeaderReset, informerdv1.ResetNewInformer)
+	case sub.Resets():
+		md.Append(informerdv1.HeaderReset, informerdv1.ResetLost)
 	}
 	if err := stream.SendHeader(md); err != nil {
 		return err

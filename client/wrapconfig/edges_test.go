@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -317,5 +318,74 @@ func TestWrapListAtAFutureResourceVersion(t *testing.T) {
 				t.Errorf("the API server got %v", got)
 			}
 		})
+	}
+}
+
+// TestWrapOneOffListsStartNoInformer: a list with a field selector asks
+// the daemon for an existing informer only and, when it has none, goes to
+// the API server (kubectl describe's per-uid events list); a watch with
+// the same selector (a node agent's) starts one; Strict always does.
+func TestWrapOneOffListsStartNoInformer(t *testing.T) {
+	noInformer := status.Error(codes.FailedPrecondition, "no informer")
+	for _, tc := range []struct {
+		name         string
+		strict       bool
+		watch        bool
+		field        string
+		existingOnly bool
+	}{
+		{"a list with a field selector", false, false, "involvedObject.uid=1", true},
+		{"a list without", false, false, "", false},
+		{"a watch with a field selector", false, true, "spec.nodeName=n", false},
+		{"strict: a list with a field selector", true, false, "involvedObject.uid=1", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newWrapFixture(t, Options{Strict: tc.strict})
+			f.daemon.set(noInformer)
+			opts := metav1.ListOptions{FieldSelector: tc.field, ResourceVersion: "0"}
+			var err error
+			if tc.watch {
+				var w watch.Interface
+				if w, err = f.clientset(t, "application/json").CoreV1().Pods("ns").Watch(context.Background(), opts); err == nil {
+					w.Stop()
+				}
+			} else {
+				_, err = f.clientset(t, "application/json").CoreV1().Pods("ns").List(context.Background(), opts)
+			}
+			if got := f.daemon.lastRequest(t).GetExistingInformerOnly(); got != tc.existingOnly {
+				t.Errorf("existing_informer_only %v, want %v", got, tc.existingOnly)
+			}
+			if tc.existingOnly {
+				if err != nil || len(f.api.got()) != 1 || f.count(outcomePassed, reasonOneOff) != 1 {
+					t.Errorf("%v; the API server got %v: want the list passed through as one_off", err, f.api.got())
+				}
+			}
+		})
+	}
+}
+
+// TestWrapNewInformerResetIs410: a watch that started the daemon's
+// informer, after its resume point (the daemon restarted; a field-selector
+// reflector's list went to the API server), gets a 410, on which the
+// reflector lists again, from that informer, instead of watching the API
+// server with nobody keeping the informer for its next watch.
+func TestWrapNewInformerResetIs410(t *testing.T) {
+	f := newWrapFixture(t, Options{})
+	f.daemon.mu.Lock()
+	f.daemon.reset = informerdv1.ResetNewInformer
+	f.daemon.mu.Unlock()
+	f.daemon.set(nil, &informerdv1.Event{Type: informerdv1.EventType_EVENT_TYPE_RESET}, marker(informerdv1.EventType_EVENT_TYPE_SYNCED, "41"))
+	w, err := f.clientset(t, "application/json").CoreV1().Pods("ns").Watch(context.Background(),
+		metav1.ListOptions{ResourceVersion: "7", FieldSelector: "spec.nodeName=n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	ev := recv(t, w)
+	if st, ok := ev.Object.(*metav1.Status); ev.Type != watch.Error || !ok || st.Message != "too old resource version: 7 (41)" {
+		t.Fatalf("%s %#v, want ERROR 410 too old resource version: 7 (41)", ev.Type, ev.Object)
+	}
+	if got := f.api.got(); len(got) != 0 {
+		t.Errorf("the API server got %v", got)
 	}
 }

@@ -30,6 +30,7 @@ const (
 	reasonAuth        = "unauthorized"  // the daemon's UNAUTHENTICATED: no or a bad informerd token
 	reasonImpersonate = "impersonation" // an Impersonate-* header: the daemon would read as its token, not as the impersonated user
 	reasonResumeLost  = "resume_lost"   // a watch from a resourceVersion the daemon no longer holds: the API server may
+	reasonOneOff      = "one_off"       // a list with a field selector that no informer of the daemon serves: no new one for it
 )
 
 // readRequest is a list or watch GET that the daemon may answer.

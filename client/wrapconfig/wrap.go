@@ -181,7 +181,7 @@ func (t *wrapTransport) options(r *readRequest, k kindInfo) (client.WatchOptions
 	opts := client.WatchOptions{
 		Resource: r.gvr, Namespace: r.namespace, LabelSelector: r.labelSelector, FieldSelector: r.fieldSelector,
 		MetadataOnly: r.format.metadata, Protobuf: r.format.protobuf && !r.format.metadata && k.builtin,
-		ClientName: t.o.ClientName,
+		ClientName: t.o.ClientName, ExistingInformerOnly: oneOff(r, t.o),
 	}
 	min, _ := t.seen.Get(sc) // for a resumed watch too: the resume point is at least as new
 	if n, err := strconv.ParseUint(r.resourceVersion, 10, 64); err == nil && (!r.watch || r.notOlderThan) {
@@ -191,6 +191,17 @@ func (t *wrapTransport) options(r *readRequest, k kindInfo) (client.WatchOptions
 		opts.NotOlderThan = strconv.FormatUint(min, 10)
 	}
 	return opts, sc
+}
+
+// oneOff reports whether r is a read the daemon serves only from an
+// informer it already has: a list with a field selector (kubectl
+// describe's events of one object, metadata.name=X) would otherwise start
+// an informer that lingers, a watch at the API server that a direct list
+// does not cost. The informer a watch with the same selector starts (a
+// node agent's spec.nodeName=NODE) serves such lists from then on. Strict
+// configs never pass through, so they start it.
+func oneOff(r *readRequest, o Options) bool {
+	return !r.watch && r.fieldSelector != "" && !o.Strict
 }
 
 // saw notes that rv was served for sc.
@@ -290,9 +301,14 @@ func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo
 		cancel()
 		return t.daemonError(req, r, err)
 	}
-	if resume != "" && s.Resets() && !t.o.Strict {
-		// The daemon no longer holds the resume point: the API server may
-		// still (a young cluster's RV 1), and answers 410 itself if not.
+	if resume != "" && s.Reset() == informerdv1.ResetLost && !t.o.Strict {
+		// The daemon's informer no longer holds the resume point: the API
+		// server may still (a young cluster's RV 1), and answers 410
+		// itself if not. An informer this watch started (the daemon
+		// restarted, or the reflector's list went to the API server as
+		// oneOff) answers 410 instead: the reflector lists again, from
+		// it, rather than watching the API server with nobody keeping
+		// that informer for its next watch.
 		cancel()
 		return t.pass(req, reasonResumeLost, nil)
 	}
@@ -534,6 +550,8 @@ func (t *wrapTransport) daemonError(req *http.Request, r *readRequest, err error
 		return t.pass(req, reasonDenied, forbidden(r, user, ""))
 	case codes.InvalidArgument:
 		return t.pass(req, reasonRejected, &apierrors.NewBadRequest(msg).ErrStatus)
+	case codes.FailedPrecondition: // no informer for a oneOff read
+		return t.pass(req, reasonOneOff, nil)
 	case codes.ResourceExhausted:
 		return t.pass(req, reasonExhausted, &apierrors.NewTooManyRequests(msg, 1).ErrStatus)
 	case codes.Unauthenticated:

@@ -2,6 +2,7 @@ package wrapconfig
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -37,13 +38,14 @@ import (
 )
 
 // wrapDaemon is a daemon that accepts every Watch (sending the accepted
-// header, and the reset header for a script that starts with RESET),
-// sends its script for the stream, then keeps it open until the
+// header, and the reset header (resetHeader, default lost) for a script
+// that starts with RESET), sends its script for the stream, then keeps it open until the
 // client leaves or end is closed; or refuses it with refuse.
 type wrapDaemon struct {
 	informerdv1.UnimplementedInformerServiceServer
 	mu       sync.Mutex // guards the fields below
 	script   []*informerdv1.Event
+	reset    string // the reset header's value; "": lost
 	refuse   error
 	requests []*informerdv1.WatchRequest
 	end      chan struct{} // closed: open streams end with UNAVAILABLE
@@ -52,14 +54,14 @@ type wrapDaemon struct {
 func (d *wrapDaemon) Watch(req *informerdv1.WatchRequest, stream informerdv1.InformerService_WatchServer) error {
 	d.mu.Lock()
 	d.requests = append(d.requests, req)
-	script, refuse, end := d.script, d.refuse, d.end
+	script, refuse, end, reset := d.script, d.refuse, d.end, d.reset
 	d.mu.Unlock()
 	if refuse != nil {
 		return refuse
 	}
 	md := metadata.Pairs(informerdv1.HeaderAccepted, "true")
 	if len(script) > 0 && script[0].GetType() == informerdv1.EventType_EVENT_TYPE_RESET {
-		md.Append(informerdv1.HeaderReset, "true")
+		md.Append(informerdv1.HeaderReset, cmp.Or(reset, informerdv1.ResetLost))
 	}
 	if err := stream.SendHeader(md); err != nil {
 		return err

@@ -72,5 +72,16 @@ const HeaderAccepted = "informerd-accepted"
 
 // HeaderReset is a response header key of a Watch stream, sent with
 // HeaderAccepted when the requested resume point is lost: the stream
-// starts with RESET and a snapshot.
+// starts with RESET and a snapshot. Its value is ResetLost or
+// ResetNewInformer.
 const HeaderReset = "informerd-reset"
+
+// The values of HeaderReset.
+const (
+	// ResetLost: the informer ran before the request, and no longer holds
+	// the resume point.
+	ResetLost = "lost"
+	// ResetNewInformer: the request started the informer, which began
+	// after the resume point.
+	ResetNewInformer = "new-informer"
+)
