@@ -389,3 +389,28 @@ func TestWrapNewInformerResetIs410(t *testing.T) {
 		t.Errorf("the API server got %v", got)
 	}
 }
+
+// TestWrapNoBookmarkWithoutProgress: as the API server's watch cache, no
+// bookmark is sent at the position the watch started from, before
+// timeoutSeconds or from the daemon (checked against the real one in
+// test/e2e).
+func TestWrapNoBookmarkWithoutProgress(t *testing.T) {
+	f := newWrapFixture(t, Options{})
+	f.daemon.set(nil, marker(informerdv1.EventType_EVENT_TYPE_BOOKMARK, "20"))
+	w, err := f.clientset(t, "application/json").CoreV1().Pods("ns").Watch(context.Background(),
+		metav1.ListOptions{ResourceVersion: "20", AllowWatchBookmarks: true, TimeoutSeconds: new(int64(3))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var got []watch.EventType
+	for ev := range w.ResultChan() {
+		if p, ok := ev.Object.(*corev1.Pod); !ok || p.ResourceVersion != "20" {
+			t.Errorf("%s %#v", ev.Type, ev.Object)
+		}
+		got = append(got, ev.Type)
+	}
+	if len(got) != 0 { // not even the daemon's own, at the start
+		t.Errorf("events %v, want none", got)
+	}
+}

@@ -281,7 +281,7 @@ func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo
 	}
 	opts, sc := t.options(r, k)
 	w := &wrapWatch{t: t, sc: sc, enc: watchEncoder{f: r.format, k: k}, bookmarks: r.allowBookmarks, resume: r.resourceVersion,
-		last: r.resourceVersion, deadline: deadline}
+		last: r.resourceVersion, start: r.resourceVersion, deadline: deadline}
 	resume := ""
 	switch {
 	case r.sendInitialEvents != nil && *r.sendInitialEvents:
@@ -340,6 +340,7 @@ type wrapWatch struct {
 
 	resume      string    // the request's resourceVersion
 	last        string    // the newest resourceVersion of the watch: the position of a bookmark
+	start       string    // where the watch started: the resume point, or its snapshot's
 	deadline    time.Time // timeoutSeconds' end; zero: none
 	expired     bool      // a RESET ended the watch: discard the snapshot, then answer 410
 	bookmarks   bool      // allowWatchBookmarks
@@ -409,8 +410,10 @@ func (w *wrapWatch) run(ctx context.Context, cancel context.CancelFunc) {
 			}
 		case <-pretimeout:
 			pretimeout = nil
-			if w.initial || w.expired || w.last == "" || w.last == "0" {
-				continue // nothing the caller could resume from yet
+			if w.initial || w.expired || !newer(w.last, w.start) {
+				// As the API server's watch cache, which sends a watcher
+				// only what is newer than where it started.
+				continue
 			}
 			b, err := w.enc.bookmark(w.last, false)
 			if err == nil {
@@ -464,6 +467,9 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 		w.initial = false
 		w.t.saw(w.sc, rv)
 		w.advance(rv)
+		if initial {
+			w.start = rv
+		}
 		if !initial || !w.watchList {
 			return nil, false, nil
 		}
@@ -475,7 +481,7 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 		}
 		w.t.saw(w.sc, rv)
 		w.advance(rv)
-		if !w.bookmarks {
+		if !w.bookmarks || !newer(rv, w.start) { // the watch cache sends only what is newer than the start
 			return nil, false, nil
 		}
 		b, err := w.enc.bookmark(rv, false)
@@ -507,13 +513,20 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 
 // advance notes rv as the watch's newest position, if it is newer.
 func (w *wrapWatch) advance(rv string) {
-	n, err := strconv.ParseUint(rv, 10, 64)
-	if err != nil {
-		return
-	}
-	if old, err := strconv.ParseUint(w.last, 10, 64); err != nil || n > old {
+	if newer(rv, w.last) {
 		w.last = rv
 	}
+}
+
+// newer reports whether resourceVersion a is a number greater than b, or
+// b is not a number.
+func newer(a, b string) bool {
+	n, err := strconv.ParseUint(a, 10, 64)
+	if err != nil {
+		return false
+	}
+	m, err := strconv.ParseUint(b, 10, 64)
+	return err != nil || n > m
 }
 
 // daemonError answers a request that the daemon refused or could not
