@@ -136,6 +136,11 @@ type Request struct {
 	// encoding; other resources, which have none, come as JSON. Protobuf
 	// and JSON subscribers of one resource are served by separate Sources.
 	Protobuf bool
+	// ExistingInformerOnly subscribes only to a Source that runs or
+	// lingers for the Key, failing with ErrNoInformer instead of starting
+	// one: for one-off reads that a new informer would serve at a higher
+	// cost to the API server than the read itself.
+	ExistingInformerOnly bool
 }
 
 // OwnerInternal owns the subscriptions that informerd's own components
@@ -320,12 +325,12 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 	if err != nil {
 		return nil, err
 	}
-	src, release, err := m.acquire(key, gvk, req)
+	src, release, started, err := m.acquire(key, gvk, req)
 	if err != nil {
 		return nil, err
 	}
 	req.Filter.Namespace = req.Namespace
-	sub := &Subscription{src: src, filter: req.Filter, release: release}
+	sub := &Subscription{src: src, filter: req.Filter, release: release, started: started}
 	if err := sub.start(ctx, req.Resume, req.NotOlderThan); err != nil {
 		sub.Close()
 		if errors.Is(err, ErrResourceRemoved) {
@@ -356,7 +361,8 @@ func (m *Manager) Hold(ctx context.Context, req Request) (Key, func(), error) {
 	if err != nil {
 		return Key{}, nil, err
 	}
-	_, release, err := m.acquire(key, gvk, req)
+	req.ExistingInformerOnly = false // a hold always starts its Source
+	_, release, _, err := m.acquire(key, gvk, req)
 	if err != nil {
 		return Key{}, nil, err
 	}
@@ -491,15 +497,16 @@ func (m *Manager) reviewClusterAccess(ctx context.Context, gvr schema.GroupVersi
 	return allowed
 }
 
-// acquire returns the running Source for key, starting one if none runs,
-// and a func that releases the hold. It enforces MaxSources and
+// acquire returns the running Source for key, starting one if none runs
+// (unless req.ExistingInformerOnly: ErrNoInformer), a func that releases
+// the hold, and whether it started the Source. It enforces MaxSources and
 // MaxSourcesPerOwner, and asks req.AdmitNew before it starts a Source.
-func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, req Request) (*Source, func(), error) {
-	holder, owner := req.Holder, req.Owner
+func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, req Request) (_ *Source, _ func(), started bool, _ error) {
+	holder, owner, existingOnly := req.Holder, req.Owner, req.ExistingInformerOnly
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return nil, nil, ErrStopped
+		return nil, nil, false, ErrStopped
 	}
 	e := m.sources[key]
 	if e != nil && e.src.stopped() {
@@ -508,20 +515,24 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, req Request) (*S
 		m.removeLocked(key, e)
 		e = nil
 	}
+	if e == nil && existingOnly {
+		return nil, nil, false, fmt.Errorf("%w: %s, and the request asked not to start one", ErrNoInformer, key)
+	}
 	if owner != OwnerInternal && (e == nil || e.owners[owner] == 0) {
 		if max := m.opts.MaxSourcesPerOwner; max > 0 && m.owned[owner] >= max {
-			return nil, nil, fmt.Errorf("%w: %s already holds %d informers, the most one caller may hold at once; close some streams first", ErrLimit, owner, max)
+			return nil, nil, false, fmt.Errorf("%w: %s already holds %d informers, the most one caller may hold at once; close some streams first", ErrLimit, owner, max)
 		}
 	}
 	if e == nil {
 		if req.AdmitNew != nil {
 			if err := req.AdmitNew(); err != nil {
-				return nil, nil, err
+				return nil, nil, false, err
 			}
 		}
 		if err := m.makeRoomLocked(); err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
+		started = true
 		src := newSource(key, m.newUpstream(key), sourceConfig{
 			limits: m.opts.Log, budget: m.budget, idleTimeout: m.opts.UpstreamTimeout,
 			maxObjectBytes: m.opts.MaxObjectBytes, log: m.log, metrics: m.metrics, recovery: m.recovery,
@@ -540,7 +551,7 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, req Request) (*S
 		m.owned[owner]++
 	}
 	var once sync.Once
-	return e.src, func() { once.Do(func() { m.release(key, e, holder, owner) }) }, nil
+	return e.src, func() { once.Do(func() { m.release(key, e, holder, owner) }) }, started, nil
 }
 
 // makeRoomLocked makes room for one more Source under MaxSources, stopping

@@ -244,6 +244,9 @@ func TestSubscriptionResume(t *testing.T) {
 	}
 	for _, tt := range tests {
 		sub := subscribe(t, ctx, s, Filter{}, tt.resume)
+		if sub.Resets() {
+			t.Errorf("resume from %s: Resets, want a resume", tt.resume)
+		}
 		if tt.want == nil {
 			continue
 		}
@@ -256,6 +259,9 @@ func TestSubscriptionResume(t *testing.T) {
 	steps <- fakeStep{t: Deleted, obj: obj("o3", "7", nil), rv: "7"}
 	read(t, ctx, first, 2)
 	sub := subscribe(t, ctx, s, Filter{}, "1")
+	if !sub.Resets() {
+		t.Error("resume past the horizon: not Resets, want it said before the first event")
+	}
 	got := read(t, ctx, sub, 1)
 	if got[0] != "RESET @" {
 		t.Fatalf("resume past the horizon starts with %s, want RESET", got[0])

@@ -299,6 +299,10 @@ type WatchOptions struct {
 	// receives an older one. The Watcher and the adapters set it
 	// themselves.
 	NotOlderThan string
+	// ExistingInformerOnly streams only from an informer the daemon
+	// already runs or keeps lingering; otherwise the stream fails with
+	// FAILED_PRECONDITION and the daemon starts nothing: for one-off reads.
+	ExistingInformerOnly bool
 }
 
 func (o WatchOptions) request(resume string) *informerdv1.WatchRequest {
@@ -324,6 +328,7 @@ func (o WatchOptions) request(resume string) *informerdv1.WatchRequest {
 		Kind:                        o.Kind,
 		Encoding:                    encoding,
 		NotOlderThanResourceVersion: o.NotOlderThan,
+		ExistingInformerOnly:        o.ExistingInformerOnly,
 	}
 }
 
@@ -370,6 +375,22 @@ func (s *Stream) Accepted() error {
 		err = status.Error(codes.Unavailable, "informerd ended the stream before accepting it")
 	}
 	return err
+}
+
+// Reset tells, before any event is read, whether an accepted stream starts
+// with RESET and a snapshot because the daemon does not hold its resume
+// point: informerdv1.ResetLost (its informer no longer holds it) or
+// ResetNewInformer (the request started the informer, after it); "" if
+// not. A caller may then ask elsewhere instead.
+func (s *Stream) Reset() string {
+	md, err := s.s.Header()
+	if err != nil {
+		return ""
+	}
+	if v := md.Get(informerdv1.HeaderReset); len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // Close ends the stream.

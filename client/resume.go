@@ -54,7 +54,7 @@ type resumeKey struct {
 }
 
 func newResumeKey(opts WatchOptions, rv string) resumeKey {
-	opts.ClientName, opts.NotOlderThan, opts.WaitForResource = "", "", false
+	opts.ClientName, opts.NotOlderThan, opts.WaitForResource, opts.ExistingInformerOnly = "", "", false, false
 	return resumeKey{opts, rv}
 }
 

@@ -31,7 +31,14 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 		return err
 	}
 	defer sub.Close()
-	if err := stream.SendHeader(metadata.Pairs(informerdv1.HeaderAccepted, "true")); err != nil {
+	md := metadata.Pairs(informerdv1.HeaderAccepted, "true")
+	switch {
+	case sub.Resets() && sub.StartedSource():
+		md.Append(informerdv1.HeaderReset, informerdv1.ResetNewInformer)
+	case sub.Resets():
+		md.Append(informerdv1.HeaderReset, informerdv1.ResetLost)
+	}
+	if err := stream.SendHeader(md); err != nil {
 		return err
 	}
 	apiVersion, kind := sub.TypeMeta()
