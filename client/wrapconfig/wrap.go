@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -83,8 +82,7 @@ func Wrap(cfg *rest.Config, c *client.Client, o Options) *rest.Config {
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = time.Second
 	}
-	seen, _ := lru.New[scope, uint64](1024) // a positive size: cannot fail
-	t := &wrapTransport{c: c, o: o, requests: wrapRequests(o.Registerer), seen: seen, disc: &wrapDiscovery{c: c}}
+	t := &wrapTransport{c: c, o: o, requests: wrapRequests(o.Registerer), fresh: newFreshness(), disc: &wrapDiscovery{c: c}}
 	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper {
 		t := *t // one per transport client-go builds; they share the rest
 		t.next = next
@@ -119,21 +117,18 @@ type wrapTransport struct {
 	o        Options
 	requests *prometheus.CounterVec
 	disc     *wrapDiscovery
-	// seen is the newest resourceVersion served per scope, so that no
-	// later answer for the scope is older (safe for concurrent use).
-	seen *lru.Cache[scope, uint64]
-}
-
-// scope is what one request reads.
-type scope struct {
-	gvr                          schema.GroupVersionResource
-	namespace                    string
-	labelSelector, fieldSelector string
+	// fresh keeps what was served and written, so that no answer is
+	// older than either (fresh.go).
+	fresh *freshness
 }
 
 // RoundTrip serves req from the daemon, or passes it through.
 func (t *wrapTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r, reason := parseRead(req)
+	if r == nil && reason == reasonMethod {
+		resp, err := t.pass(req, reason, nil)
+		return t.fresh.noteWrite(req, resp), err
+	}
 	if r == nil {
 		return t.pass(req, reason, nil)
 	}
@@ -174,16 +169,16 @@ func (t *wrapTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.serveList(req, r, k)
 }
 
-// options returns the daemon's request for r, never older than what was
-// served for its scope.
+// options returns the daemon's request for r, never older than what its
+// informer served or this config wrote (fresh.go), and the informer.
 func (t *wrapTransport) options(r *readRequest, k kindInfo) (client.WatchOptions, scope) {
-	sc := scope{gvr: r.gvr, namespace: r.namespace, labelSelector: r.labelSelector, fieldSelector: r.fieldSelector}
 	opts := client.WatchOptions{
 		Resource: r.gvr, Namespace: r.namespace, LabelSelector: r.labelSelector, FieldSelector: r.fieldSelector,
 		MetadataOnly: r.format.metadata, Protobuf: r.format.protobuf && !r.format.metadata && k.builtin,
 		ClientName: t.o.ClientName,
 	}
-	min, _ := t.seen.Get(sc) // for a resumed watch too: the resume point is at least as new
+	sc := scope{gvr: r.gvr, namespace: r.namespace, fieldSelector: r.fieldSelector, protobuf: opts.Protobuf}
+	min := t.fresh.floor(sc) // for a resumed watch too: the resume point is at least as new
 	if n, err := strconv.ParseUint(r.resourceVersion, 10, 64); err == nil && (!r.watch || r.notOlderThan) {
 		min = max(min, n) // a list's, or a WatchList's, resourceVersion is its minimum
 	}
@@ -193,18 +188,15 @@ func (t *wrapTransport) options(r *readRequest, k kindInfo) (client.WatchOptions
 	return opts, sc
 }
 
-// saw notes that rv was served for sc.
+// saw notes that sc's informer served rv.
 func (t *wrapTransport) saw(sc scope, rv string) {
-	n, err := strconv.ParseUint(rv, 10, 64)
-	if err != nil {
-		return
-	}
-	if old, ok := t.seen.Get(sc); !ok || n > old {
-		t.seen.Add(sc, n)
+	if n, err := strconv.ParseUint(rv, 10, 64); err == nil {
+		t.fresh.raise(sc, n)
 	}
 }
 
-// serveList answers a list with the daemon's snapshot.
+// serveList answers a list with the daemon's snapshot, once it reflects
+// this config's writes (fresh.go).
 func (t *wrapTransport) serveList(req *http.Request, r *readRequest, k kindInfo) (*http.Response, error) {
 	ctx := req.Context()
 	if r.timeout > 0 {
@@ -213,16 +205,46 @@ func (t *wrapTransport) serveList(req *http.Request, r *readRequest, k kindInfo)
 		defer cancel()
 	}
 	opts, sc := t.options(r, k)
+	deadline := time.Now().Add(freshnessRetry)
+	for {
+		objs, rv, err := t.snapshot(ctx, opts)
+		if err != nil {
+			return t.daemonError(req, r, err)
+		}
+		n, _ := strconv.ParseUint(rv, 10, 64)
+		if sc.fieldSelector != "" && n < t.fresh.written(sc) {
+			return t.pass(req, reasonStale, nil) // this informer may never receive the write's event
+		}
+		if held := t.fresh.check(sc, r.labelSelector == "", objs); len(held) > 0 {
+			if time.Now().After(deadline) {
+				return t.pass(req, reasonStale, nil)
+			}
+			opts.NotOlderThan = strconv.FormatUint(n+1, 10) // its deletion comes after: wait for a change
+			continue
+		}
+		body, err := encodeList(r.format, k, objs, rv)
+		if err != nil {
+			return t.pass(req, reasonEncoding, nil)
+		}
+		t.saw(sc, rv)
+		t.count(outcomeServed, "")
+		return response(req, http.StatusOK, r.format.contentType(false), io.NopCloser(bytes.NewReader(body)), int64(len(body))), nil
+	}
+}
+
+// snapshot returns the objects of a daemon stream's snapshot and its
+// resourceVersion.
+func (t *wrapTransport) snapshot(ctx context.Context, opts client.WatchOptions) ([][]byte, string, error) {
 	s, err := t.c.Stream(ctx, opts, "")
 	if err != nil {
-		return t.daemonError(req, r, err)
+		return nil, "", err
 	}
 	defer s.Close()
 	var objs [][]byte
 	for {
 		evs, err := s.Recv()
 		if err != nil {
-			return t.daemonError(req, r, err)
+			return nil, "", err
 		}
 		for _, ev := range evs {
 			switch ev.GetType() {
@@ -231,13 +253,7 @@ func (t *wrapTransport) serveList(req *http.Request, r *readRequest, k kindInfo)
 			case informerdv1.EventType_EVENT_TYPE_RESET:
 				objs = objs[:0]
 			case informerdv1.EventType_EVENT_TYPE_SYNCED:
-				body, err := encodeList(r.format, k, objs, ev.GetResourceVersion())
-				if err != nil {
-					return t.pass(req, reasonEncoding, nil)
-				}
-				t.saw(sc, ev.GetResourceVersion())
-				t.count(outcomeServed, "")
-				return response(req, http.StatusOK, r.format.contentType(false), io.NopCloser(bytes.NewReader(body)), int64(len(body))), nil
+				return objs, ev.GetResourceVersion(), nil
 			}
 		}
 	}
@@ -262,6 +278,11 @@ func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo
 		ctx, cancel = context.WithTimeout(req.Context(), r.timeout)
 	}
 	opts, sc := t.options(r, k)
+	initial := r.resourceVersion == "" || r.resourceVersion == "0" || (r.sendInitialEvents != nil && *r.sendInitialEvents)
+	if initial && (len(t.fresh.pendingIn(sc, time.Now())) > 0 || (sc.fieldSelector != "" && t.fresh.floor(sc) < t.fresh.written(sc))) {
+		cancel()
+		return t.pass(req, reasonStale, nil) // the initial events might not reflect this config's writes yet
+	}
 	w := &wrapWatch{t: t, sc: sc, enc: watchEncoder{f: r.format, k: k}, bookmarks: r.allowBookmarks, resume: r.resourceVersion}
 	resume := ""
 	switch {
