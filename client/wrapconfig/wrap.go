@@ -82,7 +82,7 @@ func Wrap(cfg *rest.Config, c *client.Client, o Options) *rest.Config {
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = time.Second
 	}
-	t := &wrapTransport{c: c, o: o, requests: wrapRequests(o.Registerer), fresh: newFreshness(), disc: &wrapDiscovery{c: c}}
+	t := &wrapTransport{c: c, o: o, requests: wrapRequests(o.Registerer), fresh: newFreshness(), pages: newPageCache(), disc: &wrapDiscovery{c: c}}
 	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper {
 		t := *t // one per transport client-go builds; they share the rest
 		t.next = next
@@ -120,6 +120,8 @@ type wrapTransport struct {
 	// fresh keeps what was served and written, so that no answer is
 	// older than either (fresh.go).
 	fresh *freshness
+	// pages keeps the snapshots of paginated lists (pages.go).
+	pages *pageCache
 }
 
 // RoundTrip serves req from the daemon, or passes it through.
@@ -204,6 +206,9 @@ func (t *wrapTransport) serveList(req *http.Request, r *readRequest, k kindInfo)
 		ctx, cancel = context.WithTimeout(ctx, r.timeout)
 		defer cancel()
 	}
+	if r.cont != "" {
+		return t.serveContinue(req, r, k)
+	}
 	opts, sc := t.options(r, k)
 	deadline := time.Now().Add(freshnessRetry)
 	for {
@@ -222,14 +227,56 @@ func (t *wrapTransport) serveList(req *http.Request, r *readRequest, k kindInfo)
 			opts.NotOlderThan = strconv.FormatUint(n+1, 10) // its deletion comes after: wait for a change
 			continue
 		}
-		body, err := encodeList(r.format, k, objs, rv)
-		if err != nil {
-			return t.pass(req, reasonEncoding, nil)
-		}
 		t.saw(sc, rv)
-		t.count(outcomeServed, "")
-		return response(req, http.StatusOK, r.format.contentType(false), io.NopCloser(bytes.NewReader(body)), int64(len(body))), nil
+		l := &pagedList{objs: objs}
+		limit := r.limit
+		if r.resourceVersion == "0" {
+			limit = 0 // the API server answers it whole, from its cache
+		}
+		resp, err := t.servePage(req, r, k, l, 0, limit, rv)
+		if err == nil && resp.StatusCode == http.StatusOK && int64(len(objs)) > limit && limit > 0 {
+			l.bytes = sizeOf(objs)
+			t.pages.add(t.pageKey(r, rv), l, time.Now())
+		}
+		return resp, err
 	}
+}
+
+func (t *wrapTransport) pageKey(r *readRequest, rv string) pageKey {
+	return pageKey{gvr: r.gvr, namespace: r.namespace, labelSelector: r.labelSelector, fieldSelector: r.fieldSelector, format: r.format, rv: rv}
+}
+
+// serveContinue answers a list's next page from the snapshot its token
+// came from, or passes the token to the API server if the wrapper does
+// not hold it (pages.go).
+func (t *wrapTransport) serveContinue(req *http.Request, r *readRequest, k kindInfo) (*http.Response, error) {
+	rv, start, ok := decodeContinue(r.cont)
+	if !ok {
+		return t.pass(req, reasonExactRV, nil)
+	}
+	l, ok := t.pages.get(t.pageKey(r, rv), time.Now())
+	if !ok {
+		return t.pass(req, reasonExactRV, nil)
+	}
+	from, ok := l.next(start)
+	if !ok {
+		return t.pass(req, reasonExactRV, nil)
+	}
+	return t.servePage(req, r, k, l, from, r.limit, rv)
+}
+
+// servePage answers with the page of l from index from.
+func (t *wrapTransport) servePage(req *http.Request, r *readRequest, k kindInfo, l *pagedList, from int, limit int64, rv string) (*http.Response, error) {
+	p, err := l.page(from, limit, rv, r.namespace, r.labelSelector != "" || r.fieldSelector != "")
+	if err != nil {
+		return t.pass(req, reasonEncoding, nil)
+	}
+	body, err := encodeList(r.format, k, p, rv)
+	if err != nil {
+		return t.pass(req, reasonEncoding, nil)
+	}
+	t.count(outcomeServed, "")
+	return response(req, http.StatusOK, r.format.contentType(false), io.NopCloser(bytes.NewReader(body)), int64(len(body))), nil
 }
 
 // snapshot returns the objects of a daemon stream's snapshot and its
