@@ -19,8 +19,8 @@ import (
 // objects and, when more remain, a continue token in the API server's own
 // format (k8s.io/apiserver/pkg/storage's EncodeContinue: base64url of
 // {"v":"meta.k8s.io/v1","rv":RV,"start":"KEY\u0000"}, KEY the last
-// object's storage key under the request's prefix, "namespace/name" or
-// "name"). The rest of the snapshot is kept in a bounded cache for
+// object's storage key under the request's prefix, "/namespace/name" or
+// "/name"). The rest of the snapshot is kept in a bounded cache for
 // pageTTL, so that every page comes from the same snapshot at the list's
 // resourceVersion. A continue token the cache does not hold (the API
 // server's, or one of ours whose snapshot is gone) passes through: the
@@ -156,8 +156,10 @@ func decodeContinue(s string) (rv, start string, ok bool) {
 }
 
 // storageKey returns the key of the object b (as the daemon sent it)
-// under the prefix of a request in namespace: "name" within a namespace
-// or for a cluster-scoped object, "namespace/name" across namespaces.
+// under the prefix of a request in namespace, as the API server's
+// tokens have it (its prefix has no trailing slash): "/name" within a
+// namespace or for a cluster-scoped object, "/namespace/name" across
+// namespaces.
 func storageKey(b []byte, namespace string) (string, error) {
 	var m metav1.ObjectMeta
 	if isProtobuf(b) {
@@ -186,9 +188,9 @@ func storageKey(b []byte, namespace string) (string, error) {
 		return "", errors.New("an object without a name")
 	}
 	if namespace != "" || m.Namespace == "" {
-		return m.Name, nil
+		return "/" + m.Name, nil
 	}
-	return m.Namespace + "/" + m.Name, nil
+	return "/" + m.Namespace + "/" + m.Name, nil
 }
 
 // listPage is one page of a list: its objects and its ListMeta.

@@ -17,13 +17,14 @@ import (
 )
 
 func TestContinueTokenIsTheAPIServers(t *testing.T) {
-	// k8s.io/apiserver/pkg/storage.EncodeContinue("/registry/pods/ns/b\x00", "/registry/pods/", 12)
-	want := base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":12,"start":"ns/b\u0000"}`))
-	if got := encodeContinue("ns/b", 12); got != want {
+	// k8s.io/apiserver/pkg/storage.EncodeContinue("/registry/pods/ns/b\x00", "/registry/pods", 12),
+	// as the API server calls it for a list across namespaces
+	want := base64.RawURLEncoding.EncodeToString([]byte(`{"v":"meta.k8s.io/v1","rv":12,"start":"/ns/b\u0000"}`))
+	if got := encodeContinue("/ns/b", 12); got != want {
 		t.Errorf("encodeContinue = %s, want %s", got, want)
 	}
 	rv, start, ok := decodeContinue(want)
-	if !ok || rv != "12" || start != "ns/b\x00" {
+	if !ok || rv != "12" || start != "/ns/b\x00" {
 		t.Errorf("decodeContinue = %q, %q, %v", rv, start, ok)
 	}
 	for _, bad := range []string{"token", base64.RawURLEncoding.EncodeToString([]byte(`{"v":"other","rv":1,"start":"a"}`)),
@@ -60,7 +61,7 @@ func TestWrapPaginates(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if first.Continue != encodeContinue("ns-two/b", 12) || first.RemainingItemCount == nil || *first.RemainingItemCount != 3 || len(first.Items) != 2 {
+			if first.Continue != encodeContinue("/ns-two/b", 12) || first.RemainingItemCount == nil || *first.RemainingItemCount != 3 || len(first.Items) != 2 {
 				t.Fatalf("first page: %d items, continue %q, remaining %v", len(first.Items), first.Continue, first.RemainingItemCount)
 			}
 			// The daemon moves on; the pages stay at 12.
@@ -124,11 +125,11 @@ func TestWrapPaginationEdges(t *testing.T) {
 		remaining *int64
 		passed    bool
 	}{
-		{"in a namespace: the name is the key", metav1.ListOptions{Limit: 2}, 2, encodeContinue("b", 12), ptr(int64(1)), false},
-		{"with a label selector: no remainingItemCount", metav1.ListOptions{Limit: 1, LabelSelector: "app"}, 1, encodeContinue("a", 12), nil, false},
+		{"in a namespace: the name is the key", metav1.ListOptions{Limit: 2}, 2, encodeContinue("/b", 12), ptr(int64(1)), false},
+		{"with a label selector: no remainingItemCount", metav1.ListOptions{Limit: 1, LabelSelector: "app"}, 1, encodeContinue("/a", 12), nil, false},
 		{"resourceVersion 0: whole, as from the API server's cache", metav1.ListOptions{Limit: 1, ResourceVersion: "0"}, 3, "", nil, false},
 		{"a limit over the list", metav1.ListOptions{Limit: 3}, 3, "", nil, false},
-		{"a token the wrapper did not issue", metav1.ListOptions{Limit: 1, Continue: encodeContinue("x", 7)}, 0, "", nil, true},
+		{"a token the wrapper did not issue", metav1.ListOptions{Limit: 1, Continue: encodeContinue("/x", 7)}, 0, "", nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
