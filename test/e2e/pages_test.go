@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -228,9 +229,14 @@ func TestWrapConfigReadsItsWrites(t *testing.T) {
 		{"protobuf", "application/vnd.kubernetes.protobuf"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := wrapconfig.Wrap(env.RESTConfig(), c, wrapconfig.Options{})
+			reg := prometheus.NewRegistry()
+			cfg := wrapconfig.Wrap(env.RESTConfig(), c, wrapconfig.Options{Registerer: reg})
 			cfg.ContentType = tc.contentType
 			readsItsWrites(ctx, t, kubernetes.NewForConfigOrDie(cfg), ns, tc.name)
+			// Served by the daemon, not passed through to be fresh.
+			if served, stale := wrapCount(reg, "served"), wrapCountReason(reg, "passed", "stale"); served != 300 || stale != 0 {
+				t.Errorf("%v of 300 lists served, %v passed through as stale", served, stale)
+			}
 		})
 	}
 	t.Run("proxy", func(t *testing.T) {
@@ -238,7 +244,8 @@ func TestWrapConfigReadsItsWrites(t *testing.T) {
 		p := startCtl(t, informerctlBin.build(t), "-address", d.socket, "-token-file", token, "proxy", "-port", "0", "-kubeconfig", env.KubeconfigPath)
 		lines := p.next(ctx, "the proxy serves", func(l string) bool { return strings.HasPrefix(l, "Starting to serve on ") })
 		server := "http://" + strings.TrimPrefix(lines[len(lines)-1], "Starting to serve on ")
-		readsItsWrites(ctx, t, kubernetes.NewForConfigOrDie(&rest.Config{Host: server}), ns, "proxy")
+		unthrottled := &rest.Config{Host: server, QPS: -1} // client-go's default, 5 per second, would be what is measured
+		readsItsWrites(ctx, t, kubernetes.NewForConfigOrDie(unthrottled), ns, "proxy")
 	})
 }
 
@@ -258,6 +265,10 @@ func readsItsWrites(ctx context.Context, t *testing.T, kc kubernetes.Interface, 
 		return m
 	}
 	const n = 100
+	start := time.Now()
+	defer func() {
+		t.Logf("%s: %d creates, updates and deletes, each with a list, in %v", prefix, n, time.Since(start))
+	}()
 	for i := range n {
 		name := fmt.Sprintf("%s-%03d", prefix, i)
 		if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "1"}}, metav1.CreateOptions{}); err != nil {
