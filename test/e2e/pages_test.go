@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/informerd/informerd/cache"
 	"github.com/informerd/informerd/client/wrapconfig"
+	"github.com/informerd/informerd/test/controlplane"
 )
 
 // names returns the namespace/name of each of l's items.
@@ -172,6 +175,28 @@ func TestWrapConfigListsInTheAPIServersOrder(t *testing.T) {
 	}
 	if !slices.Equal(paged, want) {
 		t.Errorf("pager through the wrapper: %v, want %v", paged, want)
+	}
+
+	// kubectl --chunk-size through informerctl proxy prints what it
+	// prints direct.
+	bin, err := controlplane.BinDir(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := tokenFile(t, reads(configMaps, ""))
+	proxy := startCtl(t, informerctlBin.build(t), "-address", d.socket, "-token-file", token, "proxy", "-port", "0", "-kubeconfig", env.KubeconfigPath)
+	lines := proxy.next(ctx, "the proxy serves", func(l string) bool { return strings.HasPrefix(l, "Starting to serve on ") })
+	server := "http://" + strings.TrimPrefix(lines[len(lines)-1], "Starting to serve on ")
+	kubectl := func(args ...string) string {
+		out, err := exec.CommandContext(ctx, filepath.Join(bin, "kubectl"), append(args, "get", "configmaps", "-A", "-l", sel.LabelSelector,
+			"--chunk-size=3", "-o", "custom-columns=NS:.metadata.namespace,NAME:.metadata.name")...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	if direct, proxied := kubectl("--kubeconfig", env.KubeconfigPath), kubectl("--server", server); direct != proxied {
+		t.Errorf("kubectl --chunk-size=3 through the proxy:\n%s\ndirect:\n%s", proxied, direct)
 	}
 
 	// The envelope around the items, byte for byte.
