@@ -238,16 +238,15 @@ func contains(ss []string, s string) bool {
 	return false
 }
 
-// holding returns the uids among uids that one of objs (as the daemon
-// sent them, JSON or protobuf) holds. A uid is 36 bytes of a UUID: found
-// in an object's bytes, it is that object's (or, rarely, a reference to
-// it, which only makes the read wait).
+// holding returns the uids among uids of objects in objs (as the daemon
+// sent them, JSON or protobuf). Only an object whose bytes contain a uid
+// is decoded, to tell its own uid from a reference to another's.
 func holding(objs [][]byte, uids []string) []string {
 	var held []string
 	for _, uid := range uids {
 		u := []byte(uid)
 		for _, o := range objs {
-			if bytes.Contains(o, u) {
+			if bytes.Contains(o, u) && objectUID(o) == uid {
 				held = append(held, uid)
 				break
 			}
@@ -256,13 +255,22 @@ func holding(objs [][]byte, uids []string) []string {
 	return held
 }
 
+// objectUID returns the uid of an object as the daemon sent it, or "".
+func objectUID(b []byte) string {
+	m, ok := writeMeta(b)
+	if !ok || m.status {
+		return ""
+	}
+	return m.uid
+}
+
 // noteWrite reads the response of a write of req that passed through,
 // and records what it changed. It returns resp with its body intact.
 func (f *freshness) noteWrite(req *http.Request, resp *http.Response) *http.Response {
 	if resp == nil || resp.StatusCode < 200 || resp.StatusCode > 299 || resp.Body == nil || req.URL.Query().Has("dryRun") {
 		return resp // a dry run changes nothing
 	}
-	gvr, namespace, ok := parseWritePath(req.URL.Path)
+	gvr, namespace, ok := parseWritePath(req.Method, req.URL.Path)
 	if !ok {
 		return resp
 	}
@@ -296,7 +304,7 @@ type readCloser struct {
 // changes: a collection (create) or one object, or one of its
 // subresources that changes it. ok is false for other paths (discovery,
 // connections such as exec and proxy, a collection's deletion).
-func parseWritePath(path string) (gvr schema.GroupVersionResource, namespace string, ok bool) {
+func parseWritePath(method, path string) (gvr schema.GroupVersionResource, namespace string, ok bool) {
 	parts := strings.Split(strings.Trim(path, "/"), "/")
 	switch {
 	case len(parts) >= 3 && parts[0] == "api":
@@ -312,6 +320,9 @@ func parseWritePath(path string) (gvr schema.GroupVersionResource, namespace str
 	}
 	if len(parts) == 0 || len(parts) > 3 || parts[0] == "" {
 		return gvr, "", false
+	}
+	if len(parts) == 1 && method == http.MethodDelete {
+		return gvr, "", false // a collection's deletion answers with a list (or a Status) that dates none of them
 	}
 	if len(parts) == 3 {
 		switch parts[2] {

@@ -20,31 +20,34 @@ func TestParseWritePath(t *testing.T) {
 	namespaces := schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
 	deployments := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
 	tests := []struct {
-		name, path string
+		name, method, path string
 		gvr        schema.GroupVersionResource
 		namespace  string
 		ok         bool
 	}{
-		{"create", "/api/v1/namespaces/ns/pods", pods, "ns", true},
-		{"one object", "/api/v1/namespaces/ns/pods/p", pods, "ns", true},
-		{"status", "/api/v1/namespaces/ns/pods/p/status", pods, "ns", true},
-		{"scale", "/apis/apps/v1/namespaces/ns/deployments/d/scale", deployments, "ns", true},
-		{"a namespace", "/api/v1/namespaces/ns", namespaces, "", true},
-		{"a namespace's status", "/api/v1/namespaces/ns/status", namespaces, "", true},
-		{"a namespace's finalize", "/api/v1/namespaces/ns/finalize", namespaces, "", true},
-		{"cluster-scoped", "/api/v1/nodes/n", schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, "", true},
-		{"exec", "/api/v1/namespaces/ns/pods/p/exec", pods, "", false},
-		{"eviction", "/api/v1/namespaces/ns/pods/p/eviction", pods, "", false},
-		{"binding", "/api/v1/namespaces/ns/pods/p/binding", pods, "", false},
-		{"proxy", "/api/v1/namespaces/ns/services/s/proxy", pods, "", false},
-		{"token", "/api/v1/namespaces/ns/serviceaccounts/s/token", pods, "", false},
-		{"deeper", "/api/v1/namespaces/ns/services/s/proxy/x", pods, "", false},
-		{"not the API", "/healthz", pods, "", false},
-		{"a group's root", "/apis/apps/v1", pods, "", false},
+		{"a collection", "PUT", "/api/v1/namespaces/ns/pods", pods, "ns", true},
+		{"one object", "PUT", "/api/v1/namespaces/ns/pods/p", pods, "ns", true},
+		{"status", "PUT", "/api/v1/namespaces/ns/pods/p/status", pods, "ns", true},
+		{"scale", "PUT", "/apis/apps/v1/namespaces/ns/deployments/d/scale", deployments, "ns", true},
+		{"a namespace", "PUT", "/api/v1/namespaces/ns", namespaces, "", true},
+		{"a namespace's status", "PUT", "/api/v1/namespaces/ns/status", namespaces, "", true},
+		{"a namespace's finalize", "PUT", "/api/v1/namespaces/ns/finalize", namespaces, "", true},
+		{"cluster-scoped", "PUT", "/api/v1/nodes/n", schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, "", true},
+		{"exec", "PUT", "/api/v1/namespaces/ns/pods/p/exec", pods, "", false},
+		{"eviction", "PUT", "/api/v1/namespaces/ns/pods/p/eviction", pods, "", false},
+		{"binding", "PUT", "/api/v1/namespaces/ns/pods/p/binding", pods, "", false},
+		{"proxy", "PUT", "/api/v1/namespaces/ns/services/s/proxy", pods, "", false},
+		{"token", "PUT", "/api/v1/namespaces/ns/serviceaccounts/s/token", pods, "", false},
+		{"deeper", "PUT", "/api/v1/namespaces/ns/services/s/proxy/x", pods, "", false},
+		{"not the API", "PUT", "/healthz", pods, "", false},
+		{"create", "POST", "/api/v1/namespaces/ns/pods", pods, "ns", true},
+		{"delete one", "DELETE", "/api/v1/namespaces/ns/pods/p", pods, "ns", true},
+		{"delete a collection", "DELETE", "/api/v1/namespaces/ns/pods", pods, "", false},
+		{"a group's root", "PUT", "/apis/apps/v1", pods, "", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			gvr, ns, ok := parseWritePath(tt.path)
+			gvr, ns, ok := parseWritePath(tt.method, tt.path)
 			if ok != tt.ok || (ok && (gvr != tt.gvr || ns != tt.namespace)) {
 				t.Errorf("parseWritePath(%q) = %v, %q, %v; want %v, %q, %v", tt.path, gvr, ns, ok, tt.gvr, tt.namespace, tt.ok)
 			}
@@ -79,6 +82,22 @@ func TestWriteMeta(t *testing.T) {
 	}
 	if _, ok := writeMeta([]byte("not an object")); ok {
 		t.Error("writeMeta read garbage")
+	}
+}
+
+func TestHoldingTellsAnObjectFromAReference(t *testing.T) {
+	const uid = "0b3a8e2c-6c55-4b43-9d6f-1c7c6a4f0a11"
+	owner := testPod("owner", "1")
+	owner.UID = uid
+	dependent := testPod("dependent", "2")
+	dependent.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "owner", UID: uid}}
+	for _, proto := range []bool{false, true} {
+		if held := holding([][]byte{podBytes(t, dependent, proto)}, []string{uid}); len(held) != 0 {
+			t.Errorf("protobuf %v: a reference to %s counted as the object", proto, uid)
+		}
+		if held := holding([][]byte{podBytes(t, dependent, proto), podBytes(t, owner, proto)}, []string{uid}); len(held) != 1 {
+			t.Errorf("protobuf %v: the object %s not found", proto, uid)
+		}
 	}
 }
 

@@ -60,7 +60,7 @@ const (
 // PartialObjectMetadata), and passes every other request to the API
 // server with cfg's credentials, unchanged: writes, GETs of one object,
 // subresources, discovery, Table and YAML requests, and what the daemon
-// cannot answer exactly (a Exact resourceVersion, a continue token,
+// cannot answer exactly (a Exact resourceVersion, a continue token it did not issue,
 // parameters it does not know, a resource it does not serve or refuses).
 // Requests it serves carry none of cfg's credentials: the daemon
 // authorizes them as c's token. When the daemon is unreachable, requests
