@@ -21,9 +21,9 @@ func TestParseWritePath(t *testing.T) {
 	deployments := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
 	tests := []struct {
 		name, method, path string
-		gvr        schema.GroupVersionResource
-		namespace  string
-		ok         bool
+		gvr                schema.GroupVersionResource
+		namespace          string
+		ok                 bool
 	}{
 		{"a collection", "PUT", "/api/v1/namespaces/ns/pods", pods, "ns", true},
 		{"one object", "PUT", "/api/v1/namespaces/ns/pods/p", pods, "ns", true},
