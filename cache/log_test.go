@@ -358,6 +358,13 @@ func TestCompareKeysIsStorageKeyOrder(t *testing.T) {
 	}
 }
 
+func TestCompareKeysDoesNotAllocate(t *testing.T) {
+	ns, other := strings.Repeat("n", 40), strings.Repeat("n", 40)+"-two"
+	if n := testing.AllocsPerRun(100, func() { CompareKeys(ns, "a", other, "b") }); n != 0 {
+		t.Errorf("CompareKeys allocates %v times", n)
+	}
+}
+
 func TestSnapshotListsInStorageKeyOrder(t *testing.T) {
 	l, _ := newTestLog(LogLimits{})
 	var objs []*Object
