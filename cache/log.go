@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -140,9 +141,10 @@ type stored struct {
 // deleted reports whether st is a tombstone.
 func (st *stored) deleted() bool { return st.ev.Type == Deleted }
 
-// objItem is an entry of the store, ordered by its object's namespace,
-// then name, so that one namespace is one range. The trees hold a pointer
-// per object, not its key: every byte per object counts.
+// objItem is an entry of the store, in the API server's storage-key
+// order (CompareKeys), so that one namespace is one range and a snapshot
+// lists as the API server lists. The trees hold a pointer per object, not
+// its key: every byte per object counts.
 type objItem struct{ st *stored }
 
 // objAt returns an item to look up or start from namespace/name.
@@ -154,10 +156,38 @@ func (it objItem) object() *Object { return it.st.ev.Object }
 
 func objLess(a, b objItem) bool {
 	x, y := a.object(), b.object()
-	if x.Namespace != y.Namespace {
-		return x.Namespace < y.Namespace
+	return CompareKeys(x.Namespace, x.Name, y.Namespace, y.Name) < 0
+}
+
+// CompareKeys orders objects as the API server lists them: by the byte
+// order of their storage keys, "namespace/name" (so "ns-two/a" comes
+// before "ns/a", '-' < '/'), and cluster-scoped objects ("" namespace) by
+// name. It returns -1, 0 or +1 and allocates nothing. Namespaces cannot
+// contain '/'; were one to, the order is still total: by namespace+"/",
+// then name, which keeps every namespace one contiguous range.
+func CompareKeys(aNamespace, aName, bNamespace, bName string) int {
+	if aNamespace == bNamespace {
+		return strings.Compare(aName, bName)
 	}
-	return x.Name < y.Name
+	if aNamespace == "" || bNamespace == "" { // not in one store: cluster-scoped first
+		return strings.Compare(aNamespace, bNamespace)
+	}
+	n := min(len(aNamespace), len(bNamespace))
+	if c := strings.Compare(aNamespace[:n], bNamespace[:n]); c != 0 {
+		return c
+	}
+	// One namespace is a prefix of the other: the shorter one's '/' meets
+	// the longer one's next byte.
+	if len(aNamespace) < len(bNamespace) {
+		if bNamespace[n] < '/' {
+			return 1
+		}
+		return -1
+	}
+	if aNamespace[n] < '/' {
+		return -1
+	}
+	return 1
 }
 
 // change is the latest change of a stored object or a remembered

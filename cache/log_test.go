@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -319,5 +320,88 @@ func TestDeletedForASelectorCarriesThePreviousObject(t *testing.T) {
 	}
 	if string(del.Object.Labels["app"]) != "web" || del.Object.Name != prev.Name {
 		t.Errorf("DELETED carries labels %v, want the previous object's", del.Object.Labels)
+	}
+}
+
+func TestCompareKeysIsStorageKeyOrder(t *testing.T) {
+	type key struct{ ns, name string }
+	tests := []struct {
+		name string
+		keys []key // in the API server's order
+	}{
+		{"namespaces that prefix others", []key{{"n", "z"}, {"ns-two", "a"}, {"ns.x", "a"}, {"ns", "a"}, {"ns", "b"}, {"ns0", "a"}, {"nsa", "a"}}},
+		{"names within a namespace", []key{{"a", "a"}, {"a", "a-b"}, {"a", "a.b"}, {"a", "a0"}, {"a", "ab"}}},
+		{"cluster-scoped by name", []key{{"", "a"}, {"", "a-b"}, {"", "a.b"}, {"", "b"}}},
+		{"a prefix name against a longer namespace", []key{{"a-", "a"}, {"a", "b"}, {"ab", "a"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for i, a := range tt.keys {
+				for j, b := range tt.keys {
+					want := 0
+					if i < j {
+						want = -1
+					} else if i > j {
+						want = 1
+					}
+					if got := CompareKeys(a.ns, a.name, b.ns, b.name); got != want {
+						t.Errorf("CompareKeys(%v, %v) = %d, want %d", a, b, got, want)
+					}
+					if a.ns != "" && b.ns != "" {
+						if ref := strings.Compare(a.ns+"/"+a.name, b.ns+"/"+b.name); ref != want {
+							t.Errorf("test case: %v, %v out of byte order", a, b)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestCompareKeysDoesNotAllocate(t *testing.T) {
+	ns, other := strings.Repeat("n", 40), strings.Repeat("n", 40)+"-two"
+	if n := testing.AllocsPerRun(100, func() { CompareKeys(ns, "a", other, "b") }); n != 0 {
+		t.Errorf("CompareKeys allocates %v times", n)
+	}
+}
+
+func TestSnapshotListsInStorageKeyOrder(t *testing.T) {
+	l, _ := newTestLog(LogLimits{})
+	var objs []*Object
+	for _, k := range [][2]string{{"ns", "a"}, {"n", "b"}, {"ns0", "a"}, {"ns-two", "a"}, {"ns", "b"}, {"ns-two", "b"}} {
+		objs = append(objs, &Object{Namespace: k[0], Name: k[1], ResourceVersion: "1"})
+	}
+	l.reset(objs, 1, "1")
+	put := func(ns, name string, n uint64) {
+		rv := strconv.FormatUint(n, 10)
+		l.append(Added, &Object{Namespace: ns, Name: name, ResourceVersion: rv}, n, rv)
+	}
+	put("ns.x", "a", 2)
+	put("n", "a", 3)
+	keys := func(evs []*Event) []string {
+		var out []string
+		for _, e := range evs {
+			if e.Object != nil {
+				out = append(out, e.Object.Namespace+"/"+e.Object.Name)
+			}
+		}
+		return out
+	}
+	all := keys(readPhase(newSnapshot(l, Filter{}, false), Filter{}))
+	want := []string{"n/a", "n/b", "ns-two/a", "ns-two/b", "ns.x/a", "ns/a", "ns/b", "ns0/a"}
+	if !slices.Equal(all, want) {
+		t.Errorf("snapshot = %v, want %v", all, want)
+	}
+	for _, ns := range []string{"n", "ns", "ns-two"} {
+		got := keys(readPhase(newSnapshot(l, Filter{Namespace: ns}, false), Filter{Namespace: ns}))
+		var wantNS []string
+		for _, k := range want {
+			if strings.HasPrefix(k, ns+"/") {
+				wantNS = append(wantNS, k)
+			}
+		}
+		if !slices.Equal(got, wantNS) {
+			t.Errorf("snapshot of namespace %q = %v, want %v", ns, got, wantNS)
+		}
 	}
 }

@@ -270,7 +270,7 @@ func (s *Subscription) Get(namespace, name string) (*Object, bool) {
 
 // List returns the objects the Source stores now in namespace ("" for
 // every namespace) that both its filter and sel (nil for everything)
-// admit, sorted by namespace and name. It does not move the cursor and is
+// admit, in storage-key order (CompareKeys). It does not move the cursor and is
 // safe to call from any goroutine while the subscription is open; it
 // reads a frozen copy outside the Source's lock, visiting only namespace
 // when one is given. The objects are shared: do not modify them.

@@ -1,7 +1,6 @@
 package status
 
 import (
-	"cmp"
 	"maps"
 	"slices"
 
@@ -120,7 +119,7 @@ func (x *objectIndex) rarest(sel labels.Selector) (labelPair, bool) {
 }
 
 // list returns the objects in namespace ("" for every namespace) that sel
-// matches, sorted by namespace and name, as cache.Subscription.List does.
+// matches, in storage-key order, as cache.Subscription.List lists.
 // by is rarest(sel): only the objects carrying it are visited.
 func (x *objectIndex) list(namespace string, sel labels.Selector, by labelPair, indexed bool) []*cache.Object {
 	var out []*cache.Object
@@ -137,7 +136,7 @@ func (x *objectIndex) list(namespace string, sel labels.Selector, by labelPair, 
 		}
 	}
 	slices.SortFunc(out, func(a, b *cache.Object) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+		return cache.CompareKeys(a.Namespace, a.Name, b.Namespace, b.Name)
 	})
 	return out
 }

@@ -1,7 +1,6 @@
 package status
 
 import (
-	"cmp"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -65,7 +64,7 @@ func randomSelector(t *testing.T, r *rand.Rand) labels.Selector {
 }
 
 // scan is what cache.Subscription.List returns: every object in namespace
-// ("" for all) that sel matches, sorted by namespace and name.
+// ("" for all) that sel matches, in storage-key order.
 func scan(objs map[objKey]*cache.Object, namespace string, sel labels.Selector) []*cache.Object {
 	var out []*cache.Object
 	for _, o := range objs {
@@ -74,7 +73,7 @@ func scan(objs map[objKey]*cache.Object, namespace string, sel labels.Selector) 
 		}
 	}
 	slices.SortFunc(out, func(a, b *cache.Object) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+		return cache.CompareKeys(a.Namespace, a.Name, b.Namespace, b.Name)
 	})
 	return out
 }

@@ -19,7 +19,7 @@ const (
 	reasonNotList     = "not_list"      // not a collection: one object, a subresource, discovery, other paths
 	reasonFormat      = "format"        // an Accept the daemon cannot answer in: as=Table, YAML, CBOR, ...
 	reasonParameter   = "parameter"     // a query parameter the daemon cannot honour exactly
-	reasonExactRV     = "exact_rv"      // resourceVersionMatch=Exact, or a continue token
+	reasonExactRV     = "exact_rv"      // resourceVersionMatch=Exact, or a continue token the wrapper did not issue (or no longer holds)
 	reasonNotServed   = "not_served"    // the API server does not serve the resource, or not list and watch
 	reasonSensitive   = "sensitive"     // the daemon does not serve the resource (-serve-sensitive)
 	reasonDenied      = "denied"        // the daemon's PERMISSION_DENIED: the API server decides
@@ -46,6 +46,8 @@ type readRequest struct {
 	allowBookmarks               bool
 	sendInitialEvents            *bool
 	timeout                      time.Duration // timeoutSeconds (watch), timeout (list); 0: none
+	limit                        int64         // a list's page size; 0: none
+	cont                         string        // a list's continue token
 }
 
 // parseRead returns the readRequest of req, or the reason it is passed
@@ -90,13 +92,13 @@ func parseRead(req *http.Request) (*readRequest, string) {
 		b := boolParam(q, "sendInitialEvents")
 		r.sendInitialEvents = &b
 	}
-	if q.Get("continue") != "" {
-		return nil, reasonExactRV // a page of a list the API server started
-	}
-	if l := q.Get("limit"); l != "" { // a full list is an allowed answer to any limit
-		if n, err := strconv.ParseInt(l, 10, 64); err != nil || n < 0 {
+	r.cont = q.Get("continue") // served if the wrapper issued it (pages.go), else passed through
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.ParseInt(l, 10, 64)
+		if err != nil || n < 0 {
 			return nil, reasonParameter
 		}
+		r.limit = n
 	}
 	r.labelSelector, r.fieldSelector, r.resourceVersion = q.Get("labelSelector"), q.Get("fieldSelector"), q.Get("resourceVersion")
 	switch metav1.ResourceVersionMatch(q.Get("resourceVersionMatch")) {
@@ -121,7 +123,7 @@ func parseRead(req *http.Request) (*readRequest, string) {
 		}
 		// The API server ignores ?timeout= on watches (client-go sends it
 		// with timeoutSeconds).
-		if q.Has("limit") {
+		if q.Has("limit") || q.Has("continue") {
 			return nil, reasonParameter
 		}
 		switch {
@@ -136,6 +138,9 @@ func parseRead(req *http.Request) (*readRequest, string) {
 	} else {
 		if q.Has("timeoutSeconds") || q.Has("allowWatchBookmarks") || q.Has("sendInitialEvents") {
 			return nil, reasonParameter
+		}
+		if r.cont != "" && (r.resourceVersion != "" || q.Has("resourceVersionMatch")) {
+			return nil, reasonParameter // the API server refuses a resourceVersion with a continue token
 		}
 		if r.notOlderThan && (r.resourceVersion == "" || r.resourceVersion == "0") {
 			return nil, reasonParameter // the API server refuses NotOlderThan without a resourceVersion

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -128,16 +129,22 @@ func partialMetadata(b []byte) (*metav1.PartialObjectMetadata, error) {
 	return &pom, nil
 }
 
-// encodeList returns the body of a List response holding objs (as the
-// daemon sent them) at resourceVersion rv.
-func encodeList(f wireFormat, k kindInfo, objs [][]byte, rv string) ([]byte, error) {
+// encodeList returns the body of a List response holding p's objects (as
+// the daemon sent them) at resourceVersion rv, byte for byte as the API
+// server encodes it (k8s.io/apimachinery's JSON serializer and its
+// streaming collection encoder): a built-in kind's list with kind,
+// apiVersion, metadata, items in that order and items without their
+// kind and apiVersion; a custom resource's list with its keys sorted and
+// "continue" always in its metadata; a newline after JSON.
+func encodeList(f wireFormat, k kindInfo, p listPage, rv string) ([]byte, error) {
+	lm := metav1.ListMeta{ResourceVersion: rv, Continue: p.cont, RemainingItemCount: p.remaining}
 	if f.metadata {
 		l := metav1.PartialObjectMetadataList{
 			TypeMeta: metav1.TypeMeta{APIVersion: metav1.SchemeGroupVersion.String(), Kind: "PartialObjectMetadataList"},
-			ListMeta: metav1.ListMeta{ResourceVersion: rv},
-			Items:    make([]metav1.PartialObjectMetadata, 0, len(objs)),
+			ListMeta: lm,
+			Items:    make([]metav1.PartialObjectMetadata, 0, len(p.objs)),
 		}
-		for _, b := range objs {
+		for _, b := range p.objs {
 			pom, err := partialMetadata(b)
 			if err != nil {
 				return nil, err
@@ -151,17 +158,18 @@ func encodeList(f wireFormat, k kindInfo, objs [][]byte, rv string) ([]byte, err
 			}
 			return protoEnvelope(l.APIVersion, l.Kind, raw), nil
 		}
-		return json.Marshal(&l)
+		b, err := json.Marshal(&l)
+		return append(b, '\n'), err
 	}
 	apiVersion, kind := k.gvk.GroupVersion().String(), k.gvk.Kind+"List"
 	if f.protobuf {
-		lm, err := (&metav1.ListMeta{ResourceVersion: rv}).Marshal()
+		meta, err := lm.Marshal()
 		if err != nil {
 			return nil, err
 		}
 		raw := protowire.AppendTag(nil, 1, protowire.BytesType)
-		raw = protowire.AppendBytes(raw, lm)
-		for _, b := range objs {
+		raw = protowire.AppendBytes(raw, meta)
+		for _, b := range p.objs {
 			item, err := protoRaw(b)
 			if err != nil {
 				return nil, err
@@ -172,31 +180,88 @@ func encodeList(f wireFormat, k kindInfo, objs [][]byte, rv string) ([]byte, err
 		return protoEnvelope(apiVersion, kind, raw), nil
 	}
 	var buf bytes.Buffer
-	head, _ := json.Marshal(map[string]any{"kind": kind, "apiVersion": apiVersion}) // strings: cannot fail
-	buf.Write(head[:len(head)-1])
-	meta, _ := json.Marshal(metav1.ListMeta{ResourceVersion: rv}) // cannot fail
-	buf.WriteString(`,"metadata":`)
-	buf.Write(meta)
-	buf.WriteString(`,"items":[`)
-	for i, b := range objs {
-		if i > 0 {
-			buf.WriteByte(',')
-		}
-		if k.builtin {
-			var err error
-			if b, err = withoutTypeMeta(b); err != nil {
-				return nil, err
+	str := func(s string) { b, _ := json.Marshal(s); buf.Write(b) } // a string: cannot fail
+	items := func() error {
+		buf.WriteString(`"items":[`)
+		for i, b := range p.objs {
+			if i > 0 {
+				buf.WriteByte(',')
 			}
+			if k.builtin {
+				var err error
+				if b, err = withoutTypeMeta(b); err != nil {
+					return err
+				}
+			}
+			buf.Write(b)
 		}
-		buf.Write(b)
+		buf.WriteByte(']')
+		return nil
 	}
-	buf.WriteString("]}")
+	if k.builtin {
+		buf.WriteString(`{"kind":`)
+		str(kind)
+		buf.WriteString(`,"apiVersion":`)
+		str(apiVersion)
+		meta, _ := json.Marshal(lm) // cannot fail
+		buf.WriteString(`,"metadata":`)
+		buf.Write(meta)
+		buf.WriteByte(',')
+		if err := items(); err != nil {
+			return nil, err
+		}
+		buf.WriteString("}\n")
+		return buf.Bytes(), nil
+	}
+	// An UnstructuredList: its keys sorted, as those of its metadata.
+	buf.WriteString(`{"apiVersion":`)
+	str(apiVersion)
+	buf.WriteByte(',')
+	if err := items(); err != nil {
+		return nil, err
+	}
+	buf.WriteString(`,"kind":`)
+	str(kind)
+	buf.WriteString(`,"metadata":{"continue":`)
+	str(p.cont)
+	if p.remaining != nil {
+		buf.WriteString(`,"remainingItemCount":`)
+		buf.WriteString(strconv.FormatInt(*p.remaining, 10))
+	}
+	buf.WriteString(`,"resourceVersion":`)
+	str(rv)
+	buf.WriteString("}}\n")
 	return buf.Bytes(), nil
 }
 
 // withoutTypeMeta returns a JSON object without its apiVersion and kind,
-// as items of a built-in type's list are encoded.
+// as items of a built-in type's list are encoded, its other fields in
+// their order. The API server writes kind and apiVersion first.
 func withoutTypeMeta(b []byte) ([]byte, error) {
+	d := json.NewDecoder(bytes.NewReader(b))
+	if t, err := d.Token(); err != nil || t != json.Delim('{') {
+		return nil, errors.New("reading the daemon's object: not a JSON object")
+	}
+	end, dropped := int64(1), 0 // the bytes before the first field kept
+	for dropped < 2 && d.More() {
+		t, err := d.Token()
+		if err != nil {
+			return nil, fmt.Errorf("reading the daemon's object: %w", err)
+		}
+		if t != "kind" && t != "apiVersion" {
+			break
+		}
+		var v json.RawMessage
+		if err := d.Decode(&v); err != nil {
+			return nil, fmt.Errorf("reading the daemon's object: %w", err)
+		}
+		end, dropped = d.InputOffset(), dropped+1
+	}
+	if dropped == 2 {
+		rest := bytes.TrimPrefix(bytes.TrimLeft(b[end:], " \t\r\n"), []byte(","))
+		return append([]byte{'{'}, rest...), nil
+	}
+	// Elsewhere in the object: drop them wherever they are.
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("reading the daemon's object: %w", err)

@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -61,7 +60,7 @@ const (
 // PartialObjectMetadata), and passes every other request to the API
 // server with cfg's credentials, unchanged: writes, GETs of one object,
 // subresources, discovery, Table and YAML requests, and what the daemon
-// cannot answer exactly (a Exact resourceVersion, a continue token,
+// cannot answer exactly (a Exact resourceVersion, a continue token it did not issue,
 // parameters it does not know, a resource it does not serve or refuses).
 // Requests it serves carry none of cfg's credentials: the daemon
 // authorizes them as c's token. When the daemon is unreachable, requests
@@ -83,8 +82,7 @@ func Wrap(cfg *rest.Config, c *client.Client, o Options) *rest.Config {
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = time.Second
 	}
-	seen, _ := lru.New[scope, uint64](1024) // a positive size: cannot fail
-	t := &wrapTransport{c: c, o: o, requests: wrapRequests(o.Registerer), seen: seen, disc: &wrapDiscovery{c: c}}
+	t := &wrapTransport{c: c, o: o, requests: wrapRequests(o.Registerer), fresh: newFreshness(), pages: newPageCache(), disc: &wrapDiscovery{c: c}}
 	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper {
 		t := *t // one per transport client-go builds; they share the rest
 		t.next = next
@@ -119,21 +117,20 @@ type wrapTransport struct {
 	o        Options
 	requests *prometheus.CounterVec
 	disc     *wrapDiscovery
-	// seen is the newest resourceVersion served per scope, so that no
-	// later answer for the scope is older (safe for concurrent use).
-	seen *lru.Cache[scope, uint64]
-}
-
-// scope is what one request reads.
-type scope struct {
-	gvr                          schema.GroupVersionResource
-	namespace                    string
-	labelSelector, fieldSelector string
+	// fresh keeps what was served and written, so that no answer is
+	// older than either (fresh.go).
+	fresh *freshness
+	// pages keeps the snapshots of paginated lists (pages.go).
+	pages *pageCache
 }
 
 // RoundTrip serves req from the daemon, or passes it through.
 func (t *wrapTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r, reason := parseRead(req)
+	if r == nil && reason == reasonMethod {
+		resp, err := t.pass(req, reason, nil)
+		return t.fresh.noteWrite(req, resp), err
+	}
 	if r == nil {
 		return t.pass(req, reason, nil)
 	}
@@ -174,16 +171,16 @@ func (t *wrapTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.serveList(req, r, k)
 }
 
-// options returns the daemon's request for r, never older than what was
-// served for its scope.
+// options returns the daemon's request for r, never older than what its
+// informer served or this config wrote (fresh.go), and the informer.
 func (t *wrapTransport) options(r *readRequest, k kindInfo) (client.WatchOptions, scope) {
-	sc := scope{gvr: r.gvr, namespace: r.namespace, labelSelector: r.labelSelector, fieldSelector: r.fieldSelector}
 	opts := client.WatchOptions{
 		Resource: r.gvr, Namespace: r.namespace, LabelSelector: r.labelSelector, FieldSelector: r.fieldSelector,
 		MetadataOnly: r.format.metadata, Protobuf: r.format.protobuf && !r.format.metadata && k.builtin,
 		ClientName: t.o.ClientName, ExistingInformerOnly: oneOff(r, t.o),
 	}
-	min, _ := t.seen.Get(sc) // for a resumed watch too: the resume point is at least as new
+	sc := scope{gvr: r.gvr, namespace: r.namespace, fieldSelector: r.fieldSelector, protobuf: opts.Protobuf}
+	min := t.fresh.floor(sc) // for a resumed watch too: the resume point is at least as new
 	if n, err := strconv.ParseUint(r.resourceVersion, 10, 64); err == nil && (!r.watch || r.notOlderThan) {
 		min = max(min, n) // a list's, or a WatchList's, resourceVersion is its minimum
 	}
@@ -204,18 +201,15 @@ func oneOff(r *readRequest, o Options) bool {
 	return !r.watch && r.fieldSelector != "" && !o.Strict
 }
 
-// saw notes that rv was served for sc.
+// saw notes that sc's informer served rv.
 func (t *wrapTransport) saw(sc scope, rv string) {
-	n, err := strconv.ParseUint(rv, 10, 64)
-	if err != nil {
-		return
-	}
-	if old, ok := t.seen.Get(sc); !ok || n > old {
-		t.seen.Add(sc, n)
+	if n, err := strconv.ParseUint(rv, 10, 64); err == nil {
+		t.fresh.raise(sc, n)
 	}
 }
 
-// serveList answers a list with the daemon's snapshot.
+// serveList answers a list with the daemon's snapshot, once it reflects
+// this config's writes (fresh.go).
 func (t *wrapTransport) serveList(req *http.Request, r *readRequest, k kindInfo) (*http.Response, error) {
 	ctx := req.Context()
 	if r.timeout > 0 {
@@ -223,17 +217,92 @@ func (t *wrapTransport) serveList(req *http.Request, r *readRequest, k kindInfo)
 		ctx, cancel = context.WithTimeout(ctx, r.timeout)
 		defer cancel()
 	}
+	if r.cont != "" {
+		return t.serveContinue(req, r, k)
+	}
 	opts, sc := t.options(r, k)
+	deadline := time.Now().Add(freshnessRetry)
+	for {
+		objs, rv, err := t.snapshot(ctx, opts)
+		if err != nil {
+			return t.daemonError(req, r, err)
+		}
+		n, _ := strconv.ParseUint(rv, 10, 64)
+		if sc.fieldSelector != "" && n < t.fresh.written(sc) {
+			return t.pass(req, reasonStale, nil) // this informer may never receive the write's event
+		}
+		if held := t.fresh.check(sc, r.labelSelector == "", objs); len(held) > 0 {
+			if time.Now().After(deadline) {
+				return t.pass(req, reasonStale, nil)
+			}
+			opts.NotOlderThan = strconv.FormatUint(n+1, 10) // its deletion comes after: wait for a change
+			continue
+		}
+		t.saw(sc, rv)
+		l := &pagedList{objs: objs}
+		limit := r.limit
+		if r.resourceVersion == "0" {
+			limit = 0 // the API server answers it whole, from its cache
+		}
+		resp, err := t.servePage(req, r, k, l, 0, limit, rv)
+		if err == nil && resp.StatusCode == http.StatusOK && int64(len(objs)) > limit && limit > 0 {
+			l.bytes = sizeOf(objs)
+			t.pages.add(t.pageKey(r, rv), l, time.Now())
+		}
+		return resp, err
+	}
+}
+
+func (t *wrapTransport) pageKey(r *readRequest, rv string) pageKey {
+	return pageKey{gvr: r.gvr, namespace: r.namespace, labelSelector: r.labelSelector, fieldSelector: r.fieldSelector, format: r.format, rv: rv}
+}
+
+// serveContinue answers a list's next page from the snapshot its token
+// came from, or passes the token to the API server if the wrapper does
+// not hold it (pages.go).
+func (t *wrapTransport) serveContinue(req *http.Request, r *readRequest, k kindInfo) (*http.Response, error) {
+	rv, start, ok := decodeContinue(r.cont)
+	if !ok {
+		return t.pass(req, reasonExactRV, nil)
+	}
+	l, ok := t.pages.get(t.pageKey(r, rv), time.Now())
+	if !ok {
+		return t.pass(req, reasonExactRV, nil)
+	}
+	from, ok := l.next(start)
+	if !ok {
+		return t.pass(req, reasonExactRV, nil)
+	}
+	return t.servePage(req, r, k, l, from, r.limit, rv)
+}
+
+// servePage answers with the page of l from index from.
+func (t *wrapTransport) servePage(req *http.Request, r *readRequest, k kindInfo, l *pagedList, from int, limit int64, rv string) (*http.Response, error) {
+	p, err := l.page(from, limit, rv, r.namespace, r.labelSelector != "" || r.fieldSelector != "")
+	if err != nil {
+		return t.pass(req, reasonEncoding, nil)
+	}
+	body, err := encodeList(r.format, k, p, rv)
+	if err != nil {
+		return t.pass(req, reasonEncoding, nil)
+	}
+	t.count(outcomeServed, "")
+	return response(req, http.StatusOK, r.format.contentType(false), io.NopCloser(bytes.NewReader(body)), int64(len(body))), nil
+}
+
+// snapshot returns the objects of a daemon stream's snapshot and its
+// resourceVersion.
+func (t *wrapTransport) snapshot(ctx context.Context, opts client.WatchOptions) ([][]byte, string, error) {
 	s, err := t.c.Stream(ctx, opts, "")
 	if err != nil {
-		return t.daemonError(req, r, err)
+		return nil, "", err
 	}
 	defer s.Close()
 	var objs [][]byte
 	for {
 		evs, err := s.Recv()
 		if err != nil {
-			return t.daemonError(req, r, err)
+			return nil, "", err
 		}
 		for _, ev := range evs {
 			switch ev.GetType() {
@@ -242,13 +311,7 @@ func (t *wrapTransport) serveList(req *http.Request, r *readRequest, k kindInfo)
 			case informerdv1.EventType_EVENT_TYPE_RESET:
 				objs = objs[:0]
 			case informerdv1.EventType_EVENT_TYPE_SYNCED:
-				body, err := encodeList(r.format, k, objs, ev.GetResourceVersion())
-				if err != nil {
-					return t.pass(req, reasonEncoding, nil)
-				}
-				t.saw(sc, ev.GetResourceVersion())
-				t.count(outcomeServed, "")
-				return response(req, http.StatusOK, r.format.contentType(false), io.NopCloser(bytes.NewReader(body)), int64(len(body))), nil
+				return objs, ev.GetResourceVersion(), nil
 			}
 		}
 	}
@@ -280,6 +343,11 @@ func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo
 		ctx, cancel = context.WithCancel(req.Context())
 	}
 	opts, sc := t.options(r, k)
+	initial := r.resourceVersion == "" || r.resourceVersion == "0" || (r.sendInitialEvents != nil && *r.sendInitialEvents)
+	if initial && (len(t.fresh.pendingIn(sc, time.Now())) > 0 || (sc.fieldSelector != "" && t.fresh.floor(sc) < t.fresh.written(sc))) {
+		cancel()
+		return t.pass(req, reasonStale, nil) // the initial events might not reflect this config's writes yet
+	}
 	w := &wrapWatch{t: t, sc: sc, enc: watchEncoder{f: r.format, k: k}, bookmarks: r.allowBookmarks, resume: r.resourceVersion,
 		last: r.resourceVersion, start: r.resourceVersion, deadline: deadline}
 	resume := ""

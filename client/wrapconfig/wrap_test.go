@@ -49,11 +49,15 @@ type wrapDaemon struct {
 	refuse   error
 	requests []*informerdv1.WatchRequest
 	end      chan struct{} // closed: open streams end with UNAVAILABLE
+	onWatch  func(n int)   // if set, called with d.mu held and the number of Watches so far, before the script is read
 }
 
 func (d *wrapDaemon) Watch(req *informerdv1.WatchRequest, stream informerdv1.InformerService_WatchServer) error {
 	d.mu.Lock()
 	d.requests = append(d.requests, req)
+	if d.onWatch != nil {
+		d.onWatch(len(d.requests))
+	}
 	script, refuse, end, reset := d.script, d.refuse, d.end, d.reset
 	d.mu.Unlock()
 	if refuse != nil {
@@ -114,17 +118,25 @@ func (d *wrapDaemon) lastRequest(t *testing.T) *informerdv1.WatchRequest {
 // apiServer stands for the API server: it records what is passed through
 // and answers 200 with an empty JSON PodList.
 type apiServer struct {
-	mu    sync.Mutex // guards paths
+	mu    sync.Mutex // guards paths and written
 	paths []string
+	// written, if set, answers writes (JSON): what the API server
+	// returns for them.
+	written []byte
 }
 
 func (a *apiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	a.paths = append(a.paths, r.Method+" "+r.URL.RequestURI())
+	written := a.written
 	a.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	if r.Method == http.MethodGet {
 		_, _ = w.Write([]byte(`{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}`))
+		return
+	}
+	if written != nil {
+		_, _ = w.Write(written)
 		return
 	}
 	_, _ = w.Write([]byte(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"ns"}}`))
