@@ -419,14 +419,8 @@ var objectAccessors = snapdiff.Accessors[*Object]{
 	UID:             uidOf,
 }
 
-// compareObjects orders objects as the store does: by namespace, then
-// name.
-func compareObjects(a, b *Object) int {
-	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
-		return c
-	}
-	return strings.Compare(a.Name, b.Name)
-}
+// compareObjects orders objects as the store does (CompareKeys).
+func compareObjects(a, b *Object) int { return CompareKeys(a.Namespace, a.Name, b.Namespace, b.Name) }
 
 func (s *Source) publishEvent(t EventType, obj *Object, rvStr string) {
 	s.mu.Lock()

@@ -187,6 +187,38 @@ func TestRelistDifferenceIsWhatAWatchWouldSay(t *testing.T) {
 	}
 }
 
+// TestRelistAcrossNamespacesInStorageOrder: a relist that changes nothing
+// publishes nothing, with namespaces whose storage-key order ("ns-two/a"
+// before "ns/a") is not their (namespace, name) order: the difference
+// walks the store and the list in the same order.
+func TestRelistAcrossNamespacesInStorageOrder(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	in := func(ns, name, rv string) *Object {
+		o := obj(name, rv, nil)
+		o.Namespace = ns
+		o.Data = fmt.Appendf(nil, `{"metadata":{"name":%q,"namespace":%q,"uid":%q,"resourceVersion":%q}}`, name, ns, ns+"/"+name, rv)
+		return o
+	}
+	list := func() []*Object {
+		return []*Object{in("ns-two", "a", "2"), in("ns", "a", "1"), in("ns", "b", "3"), in("ns0", "a", "4")}
+	}
+	up := newFakeUpstream()
+	up.lists <- fakeList{objs: list(), rv: "4"}
+	w1 := make(chan fakeStep, 1)
+	up.watches <- w1
+	s := startTestSource(t, up, LogLimits{})
+	sub := subscribe(t, ctx, s, Filter{}, "")
+	read(t, ctx, sub, 5)
+
+	w1 <- fakeStep{err: &apierrors.StatusError{ErrStatus: metav1.Status{Code: http.StatusGone, Reason: metav1.StatusReasonExpired}}}
+	up.lists <- fakeList{objs: list(), rv: "9"}
+	up.watches <- make(chan fakeStep)
+	if got, want := read(t, ctx, sub, 1), []string{"BOOKMARK @9"}; !slices.Equal(got, want) {
+		t.Fatalf("after a relist that changed nothing = %v, want %v", got, want)
+	}
+}
+
 func TestSubscriptionFallsOutOfTheLogAndCatchesUp(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
