@@ -435,7 +435,14 @@ func (m *Manager) resolve(ctx context.Context, req Request) (Key, schema.GroupVe
 			key.Namespace = req.Namespace
 		}
 	case ScopeAutomatic:
-		if !m.mayWatchCluster(ctx, key.GVR) {
+		nsKey := key
+		nsKey.Namespace = req.Namespace
+		// A running namespaced Source keeps serving its namespace even if
+		// the access review now answers otherwise (a review that failed
+		// answers "namespace", one that succeeds later "cluster"): a
+		// client resuming from what it served must find it, not a new
+		// informer that began after its resume point.
+		if m.running(nsKey) || !m.mayWatchCluster(ctx, key.GVR) {
 			key.Namespace = req.Namespace
 		}
 	}
