@@ -79,6 +79,13 @@ var diffKinds = map[string]diffKind{
 			return strings.Contains(got, "too old resource version") && !strings.Contains(got, "(<rv>)") && strings.Contains(want, "(<rv>)")
 		},
 	},
+	"paths": {
+		"fixed by wire: a path the API server answers 404 (\"//api/...\") is passed through, never served (item 5); seen with pages merged, not on main",
+		func(e string) bool {
+			_, want := apiServerPart(e)
+			return want == `""` || want == "[]" || strings.Contains(want, "404") || strings.Contains(want, "text/plain")
+		},
+	},
 	"impersonation": {
 		"fixed by wire: a request with Impersonate-* headers passes through (item 5); until then the daemon answers as its token's identity. Matches any entry: allowed only for the impersonation shapes",
 		func(string) bool { return true },
@@ -174,10 +181,20 @@ var diffAllowed = map[string][]string{
 	"PartialObjectMetadataList in protobuf":                  {"managedFields"},
 	"Accept */*":                                             {"envelope", "managedFields"},
 	"Accept JSON with a fallback":                            {"envelope", "managedFields"},
-	"python: managedFields present":                          {"managedFields"},
-	"python: pages of 2 after 5 creates":                     {"pagination"},
-	"watch PartialObjectMetadata":                            {"managedFields", "old watch"},
-	"watch PartialObjectMetadata protobuf":                   {"managedFields", "old watch"},
+	"path with a double leading slash":                       {"paths"},
+	"path across namespaces with a double slash":             {"paths"},
+	// The first watch of a key from before the daemon's informer began
+	// is answered by the API server on main; with pages merged it is a 410.
+	"legacy watch path":                    {"old watch"},
+	"watch=1":                              {"old watch"},
+	"watch=true":                           {"old watch"},
+	"watch=t":                              {"old watch"},
+	"watch=f":                              {"old watch"},
+	"watch=yes":                            {"old watch"},
+	"python: managedFields present":        {"managedFields"},
+	"python: pages of 2 after 5 creates":   {"pagination"},
+	"watch PartialObjectMetadata":          {"managedFields", "old watch"},
+	"watch PartialObjectMetadata protobuf": {"managedFields", "old watch"},
 	// Intermittent: the proxy's list right after its own write (issue 28 saw it in every run of 100 objects).
 	"python: names after create": {"read your writes"},
 	"python: data after update":  {"read your writes"},
