@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -52,6 +53,20 @@ type target struct {
 	name string
 	base string
 	hc   *http.Client
+	reg  *prometheus.Registry // WrapConfig's counters, if it is WrapConfig
+}
+
+// outcomes returns WrapConfig's requests so far by outcome (served,
+// passed, fell_back, refused); none for other targets.
+func (tg *target) outcomes() map[string]float64 {
+	out := map[string]float64{}
+	if tg.reg == nil {
+		return out
+	}
+	for _, o := range []string{"served", "passed", "fell_back", "refused"} {
+		out[o] = wrapCount(tg.reg, o)
+	}
+	return out
 }
 
 // newTarget returns a target that sends requests with cfg's transport (the
