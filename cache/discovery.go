@@ -10,14 +10,39 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/restmapper"
 )
 
 // discoveryRetry is the least time between two rereads of discovery,
 // whoever asks: however many requests name resources that do not exist,
 // they cost the API server at most one reread (of /api and /apis) a
-// second.
+// second. A reread is read whole before it replaces what lookups read,
+// so that it never leaves others an empty or failed discovery.
 const discoveryRetry = time.Second
+
+// discoveryState is one reading of the API server's discovery and the
+// mappers over it. It is replaced whole, never emptied.
+type discoveryState struct {
+	mapper resettableMapper
+	// discovery is the cached discovery that mapper reads; nil in tests.
+	discovery discovery.CachedDiscoveryInterface
+	// shortcuts expands short names (cm, deploy) from mapper's discovery,
+	// as kubectl does; only for a resource mapper does not know, so the
+	// common path never walks discovery. Nil: no short names (tests).
+	shortcuts meta.RESTMapper
+	// generation counts the rereads before this one.
+	generation uint64
+}
+
+// newDiscoveryState returns a discoveryState that reads dc when first
+// asked.
+func newDiscoveryState(dc discovery.DiscoveryInterface) *discoveryState {
+	cached := memory.NewMemCacheClient(dc)
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(cached)
+	return &discoveryState{mapper: mapper, discovery: cached, shortcuts: restmapper.NewShortcutExpander(mapper, cached, nil)}
+}
 
 // establishedWait bounds how long a request waits for discovery to list a
 // resource whose CustomResourceDefinition the daemon's own informer of
@@ -78,20 +103,28 @@ func (m *Manager) Discovery(ctx context.Context, req *Request) ([]*restmapper.AP
 			return nil, err
 		}
 	}
-	if m.discovery == nil {
+	d := m.disc.Load()
+	if d.discovery == nil {
 		return nil, errors.New("cache: the Manager has no discovery client")
 	}
-	groups, err := restmapper.GetAPIGroupResources(m.discovery)
+	groups, err := restmapper.GetAPIGroupResources(d.discovery)
 	if err != nil {
 		return nil, fmt.Errorf("%w: reading discovery: %w", ErrNotSynced, err)
 	}
 	return groups, nil
 }
 
-// rediscover returns once the cached discovery holds nothing read before
-// since. If no one has forgotten it since then, it does, waiting first
-// until discoveryRetry has passed since the last time; callers waiting
-// meanwhile share that one reread. Errors: ctx.Err().
+// DiscoveryGeneration counts the rereads of discovery: what Discovery
+// returns changes only with it (but for API groups that failed to be read,
+// which are read again when asked for).
+func (m *Manager) DiscoveryGeneration() uint64 { return m.disc.Load().generation }
+
+// rediscover returns once the discovery that lookups read holds nothing
+// read before since. If no one has reread it since then, it does, waiting
+// first until discoveryRetry has passed since the last time; callers
+// waiting meanwhile share that one reread. The reread is read whole
+// before it replaces the previous one, which stays if it fails. Errors:
+// ErrNotSynced if discovery cannot be read, ctx.Err().
 func (m *Manager) rediscover(ctx context.Context, since time.Time) error {
 	select {
 	case m.discovering <- struct{}{}:
@@ -112,26 +145,38 @@ func (m *Manager) rediscover(ctx context.Context, since time.Time) error {
 		}
 	}
 	m.forgotten = time.Now()
-	m.mapper.Reset()
+	old := m.disc.Load()
+	if m.dc == nil { // tests: a mapper of their own
+		old.mapper.Reset()
+		m.disc.Store(&discoveryState{mapper: old.mapper, generation: old.generation + 1})
+		return nil
+	}
+	fresh := newDiscoveryState(m.dc)
+	if _, _, err := fresh.discovery.ServerGroupsAndResources(); err != nil && !discovery.IsGroupDiscoveryFailedError(err) {
+		return fmt.Errorf("%w: rereading discovery: %w", ErrNotSynced, err)
+	}
+	fresh.generation = old.generation + 1
+	m.disc.Store(fresh)
 	return nil
 }
 
 func (m *Manager) mapping(req Request) (*meta.RESTMapping, error) {
+	d := m.disc.Load()
 	if req.Kind != "" {
 		var versions []string
 		if req.GVR.Version != "" {
 			versions = append(versions, req.GVR.Version)
 		}
-		return m.mapper.RESTMapping(schema.GroupKind{Group: req.GVR.Group, Kind: req.Kind}, versions...)
+		return d.mapper.RESTMapping(schema.GroupKind{Group: req.GVR.Group, Kind: req.Kind}, versions...)
 	}
-	gvk, err := m.mapper.KindFor(req.GVR)
-	if meta.IsNoMatchError(err) && m.shortcuts != nil {
-		gvk, err = m.shortcuts.KindFor(req.GVR)
+	gvk, err := d.mapper.KindFor(req.GVR)
+	if meta.IsNoMatchError(err) && d.shortcuts != nil {
+		gvk, err = d.shortcuts.KindFor(req.GVR)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return m.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	return d.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 }
 
 func gvrString(gvr schema.GroupVersionResource) string {

@@ -22,10 +22,15 @@
 //
 // Memory per stored object is its bytes, allocated at their size, plus a
 // few fixed records (the Object, its Event and state, two tree slots) and
-// the strings that are its own (name, uid, resourceVersion): namespaces,
-// types and label sets are shared through a bounded interner. The Go
-// benchmark BenchmarkHeapPerStoredObject measures it; docs/benchmarks.md
-// has the figures.
+// its name: its resourceVersion is a view of its bytes, and namespaces,
+// label sets and the shapes of managedFields are shared through a bounded
+// interner. managedFields are kept and served as the API server sent them
+// (unless Options.StripManagedFields), but an object stores only what is
+// its own of them, each entry's time and the keys that name its
+// addresses: Object.Buffers puts the shared rest back, without a copy.
+// The Go benchmark BenchmarkHeapPerStoredObject measures it, against the
+// bytes of the objects without managedFields; docs/benchmarks.md has the
+// figures.
 //
 // Label selectors are always applied here, never upstream: a subscription
 // with a label selector reads the Source of its resource and namespace, so

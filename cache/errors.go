@@ -1,6 +1,9 @@
 package cache
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors; daemon maps them to gRPC codes.
 var (
@@ -27,4 +30,20 @@ var (
 	// ErrLimit: a limit of the Manager (Options) refuses the request; the
 	// error names the limit.
 	ErrLimit = errors.New("limit reached")
+	// ErrNoInformer: a Request with ExistingInformerOnly found no informer
+	// running or lingering for its Key, and started none.
+	ErrNoInformer = errors.New("no informer runs for the request")
 )
+
+// TooNewError is the ErrTooNew of a subscription whose informer did not
+// reach Want within its wait: it was at Current.
+type TooNewError struct {
+	Key           Key
+	Want, Current uint64
+}
+
+func (e *TooNewError) Error() string {
+	return fmt.Sprintf("%v: %s has not reached resourceVersion %d within %s; it is at %d (retry)", ErrTooNew, e.Key, e.Want, freshnessWait, e.Current)
+}
+
+func (e *TooNewError) Unwrap() error { return ErrTooNew }

@@ -51,15 +51,25 @@ func (t EventType) String() string {
 // Every byte of an Object is paid per object on every node, so it keeps
 // only what filtering and indexing read on the hot path; the rest of the
 // object (apiVersion, kind, uid, ...) is in Data, for the rare reader.
+// ResourceVersion may be a view of Data's memory: a reader that keeps it
+// long after the object is gone should keep a strings.Clone.
 type Object struct {
 	Namespace       string
 	Name            string
 	ResourceVersion string
 	Labels          labels.Set
-	// Data is the object, managedFields removed unless the Manager keeps
-	// them: JSON, or, for built-in types watched in protobuf, the API
-	// server's protobuf encoding (see IsProtobuf).
+	// Data is the object as the API server sent it: JSON, or, for
+	// built-in types watched in protobuf, the API server's protobuf
+	// encoding (see IsProtobuf). Two exceptions: a Manager told to strip
+	// managedFields removes them, and managedFields shared with other
+	// objects are cut down to the few bytes that are this object's (a
+	// valid object still, for any reader that does not read
+	// managedFields). Buffers and Bytes return the object whole.
 	Data []byte
+	// mf is the shape of the managedFields cut down in Data, or nil; they
+	// are Data[mfAt:mfEnd].
+	mf          *mfShape
+	mfAt, mfEnd uint32
 }
 
 // MaxFrameSlots bounds the number of distinct encodings memoized per Event:

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"iter"
 	"math"
 	"slices"
 	"strconv"
@@ -227,6 +228,14 @@ func (l *eventLog) advance(rv uint64, position string) mark {
 func (l *eventLog) get(ns, name string) *stored {
 	it, _ := l.objs.Get(objAt(ns, name))
 	return it.st
+}
+
+// objects returns the stored objects in key order (namespace, then
+// name); the store must not change while they are read.
+func (l *eventLog) objects() iter.Seq[*Object] {
+	return func(yield func(*Object) bool) {
+		l.objs.Ascend(func(it objItem) bool { return yield(it.object()) })
+	}
 }
 
 // len returns the number of stored objects.

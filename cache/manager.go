@@ -19,11 +19,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
 )
 
 // ScopeStrategy decides which upstream scope serves a namespaced request,
@@ -55,8 +53,10 @@ type Options struct {
 	MaxLingering int
 	// Log bounds each Source's event log.
 	Log LogLimits
-	// KeepManagedFields keeps metadata.managedFields. Default false.
-	KeepManagedFields bool
+	// StripManagedFields removes metadata.managedFields from stored and
+	// served objects. Default false: they are served as the API server
+	// sends them, and what they repeat across objects is stored once.
+	StripManagedFields bool
 	// PageSize is the LIST page size. Default 500.
 	PageSize int64
 	// UpstreamTimeout bounds each LIST page and how long a watch may bring
@@ -126,10 +126,21 @@ type Request struct {
 	WaitForResource bool
 	// Holder names the subscriber in introspection.
 	Holder string
+	// AdmitNew, if set, is called (under the Manager's lock: it must not
+	// block) before a Source is started for the request, and before a
+	// lingering one is stopped to make room for it; its error fails the
+	// request. The daemon spends the caller's rate of new informers with
+	// it.
+	AdmitNew func() error
 	// Protobuf asks for built-in types in the API server's protobuf
 	// encoding; other resources, which have none, come as JSON. Protobuf
 	// and JSON subscribers of one resource are served by separate Sources.
 	Protobuf bool
+	// ExistingInformerOnly subscribes only to a Source that runs or
+	// lingers for the Key, failing with ErrNoInformer instead of starting
+	// one: for one-off reads that a new informer would serve at a higher
+	// cost to the API server than the read itself.
+	ExistingInformerOnly bool
 }
 
 // OwnerInternal owns the subscriptions that informerd's own components
@@ -145,24 +156,21 @@ var errNoOwner = errors.New("cache: Request.Owner is required")
 // subscription, keeps it while subscribed, lets it linger when unused, and
 // stops it on eviction. Its methods are safe for concurrent use.
 type Manager struct {
-	opts   Options
-	kube   kubernetes.Interface
-	mapper resettableMapper
+	opts Options
+	kube kubernetes.Interface
+	// disc is the discovery that lookups read (see rediscover); dc reads
+	// a new one (nil in tests, which reset their mapper instead).
+	disc atomic.Pointer[discoveryState]
+	dc   discovery.DiscoveryInterface
 	// discovering is held (a one-slot semaphore, so that waiting for it
 	// heeds a context) by whoever decides to forget mapper's discovery;
 	// forgotten, which it guards, is when that was last done.
 	discovering chan struct{}
 	forgotten   time.Time
 	recovery    *recovery
-	// discovery is the cached discovery that mapper reads; nil in tests.
-	discovery discovery.CachedDiscoveryInterface
-	// shortcuts expands short names (cm, deploy) from mapper's discovery,
-	// as kubectl does; only for a resource mapper does not know, so the
-	// common path never walks discovery. Nil: no short names (tests).
-	shortcuts meta.RESTMapper
-	log       *slog.Logger
-	metrics   *metrics
-	budget    *logBudget
+	log         *slog.Logger
+	metrics     *metrics
+	budget      *logBudget
 	// newUpstream makes the upstream of a Key (tests replace it).
 	newUpstream func(Key) upstream
 	ctx         context.Context // parent of every Source; ended by Close
@@ -260,20 +268,18 @@ func NewManager(opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
-	cached := memory.NewMemCacheClient(dc)
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(cached)
 	intern := newInterner() // shared by every Source
 	newUpstream := func(key Key) upstream {
 		return &restUpstream{
 			client: client, path: collectionPath(key), fieldSel: key.FieldSelector,
 			pageSize: opts.PageSize, timeout: opts.UpstreamTimeout,
-			stripMF: !opts.KeepManagedFields, intern: intern, watchList: !opts.DisableWatchList, protobuf: key.Protobuf,
+			stripMF: opts.StripManagedFields, intern: intern, watchList: !opts.DisableWatchList, protobuf: key.Protobuf,
 		}
 	}
-	m := newManager(opts, mapper, newUpstream)
+	m := newManager(opts, nil, newUpstream)
 	m.kube = kube
-	m.discovery = cached
-	m.shortcuts = restmapper.NewShortcutExpander(mapper, cached, nil)
+	m.dc = dc
+	m.disc.Store(newDiscoveryState(dc))
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(sourceCollector{m}); err != nil {
 			m.Close()
@@ -287,7 +293,7 @@ func NewManager(opts Options) (*Manager, error) {
 // mapper and reaches the API server through newUpstream.
 func newManager(opts Options, mapper resettableMapper, newUpstream func(Key) upstream) *Manager {
 	m := &Manager{
-		opts: opts, mapper: mapper, newUpstream: newUpstream,
+		opts: opts, newUpstream: newUpstream,
 		discovering: make(chan struct{}, 1),
 		recovery:    newRecovery(opts.RecoveryWindow),
 		log:         opts.Logger,
@@ -297,6 +303,7 @@ func newManager(opts Options, mapper resettableMapper, newUpstream func(Key) ups
 		owned:       map[string]int{},
 		scopeCache:  map[schema.GroupVersionResource]scopeDecision{},
 	}
+	m.disc.Store(&discoveryState{mapper: mapper})
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.lru = expirable.NewLRU[Key, *entry](opts.MaxLingering, m.onEvict, opts.LingerTTL)
 	return m
@@ -318,12 +325,12 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 	if err != nil {
 		return nil, err
 	}
-	src, release, err := m.acquire(key, gvk, req.Holder, req.Owner)
+	src, release, started, err := m.acquire(key, gvk, req)
 	if err != nil {
 		return nil, err
 	}
 	req.Filter.Namespace = req.Namespace
-	sub := &Subscription{src: src, filter: req.Filter, release: release}
+	sub := &Subscription{src: src, filter: req.Filter, release: release, started: started}
 	if err := sub.start(ctx, req.Resume, req.NotOlderThan); err != nil {
 		sub.Close()
 		if errors.Is(err, ErrResourceRemoved) {
@@ -354,7 +361,8 @@ func (m *Manager) Hold(ctx context.Context, req Request) (Key, func(), error) {
 	if err != nil {
 		return Key{}, nil, err
 	}
-	_, release, err := m.acquire(key, gvk, req.Holder, req.Owner)
+	req.ExistingInformerOnly = false // a hold always starts its Source
+	_, release, _, err := m.acquire(key, gvk, req)
 	if err != nil {
 		return Key{}, nil, err
 	}
@@ -489,14 +497,16 @@ func (m *Manager) reviewClusterAccess(ctx context.Context, gvr schema.GroupVersi
 	return allowed
 }
 
-// acquire returns the running Source for key, starting one if none runs,
-// and a func that releases the hold. It enforces MaxSources and
-// MaxSourcesPerOwner.
-func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder, owner string) (*Source, func(), error) {
+// acquire returns the running Source for key, starting one if none runs
+// (unless req.ExistingInformerOnly: ErrNoInformer), a func that releases
+// the hold, and whether it started the Source. It enforces MaxSources and
+// MaxSourcesPerOwner, and asks req.AdmitNew before it starts a Source.
+func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, req Request) (_ *Source, _ func(), started bool, _ error) {
+	holder, owner, existingOnly := req.Holder, req.Owner, req.ExistingInformerOnly
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return nil, nil, ErrStopped
+		return nil, nil, false, ErrStopped
 	}
 	e := m.sources[key]
 	if e != nil && e.src.stopped() {
@@ -505,15 +515,24 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder, owner st
 		m.removeLocked(key, e)
 		e = nil
 	}
+	if e == nil && existingOnly {
+		return nil, nil, false, fmt.Errorf("%w: %s, and the request asked not to start one", ErrNoInformer, key)
+	}
 	if owner != OwnerInternal && (e == nil || e.owners[owner] == 0) {
 		if max := m.opts.MaxSourcesPerOwner; max > 0 && m.owned[owner] >= max {
-			return nil, nil, fmt.Errorf("%w: %s already holds %d informers, the most one caller may hold at once; close some streams first", ErrLimit, owner, max)
+			return nil, nil, false, fmt.Errorf("%w: %s already holds %d informers, the most one caller may hold at once; close some streams first", ErrLimit, owner, max)
 		}
 	}
 	if e == nil {
-		if err := m.makeRoomLocked(); err != nil {
-			return nil, nil, err
+		if req.AdmitNew != nil {
+			if err := req.AdmitNew(); err != nil {
+				return nil, nil, false, err
+			}
 		}
+		if err := m.makeRoomLocked(); err != nil {
+			return nil, nil, false, err
+		}
+		started = true
 		src := newSource(key, m.newUpstream(key), sourceConfig{
 			limits: m.opts.Log, budget: m.budget, idleTimeout: m.opts.UpstreamTimeout,
 			maxObjectBytes: m.opts.MaxObjectBytes, log: m.log, metrics: m.metrics, recovery: m.recovery,
@@ -532,7 +551,7 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, holder, owner st
 		m.owned[owner]++
 	}
 	var once sync.Once
-	return e.src, func() { once.Do(func() { m.release(key, e, holder, owner) }) }, nil
+	return e.src, func() { once.Do(func() { m.release(key, e, holder, owner) }) }, started, nil
 }
 
 // makeRoomLocked makes room for one more Source under MaxSources, stopping

@@ -28,6 +28,9 @@ func (o *Object) withResourceVersion(rv string) *Object {
 	}
 	c := *o
 	c.Data, c.ResourceVersion = data, rv
+	if c.mf != nil && !c.locateManaged() {
+		return o // cannot happen: only the resourceVersion changed
+	}
 	return &c
 }
 

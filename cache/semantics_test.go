@@ -153,8 +153,9 @@ func TestResumeFromTheFutureWaits(t *testing.T) {
 
 		late := &Subscription{src: s, release: func() {}}
 		err := late.start(ctx, "", "100")
-		if !errors.Is(err, ErrTooNew) {
-			t.Fatalf("a snapshot not older than 100 = %v, want ErrTooNew", err)
+		var tn *TooNewError
+		if !errors.Is(err, ErrTooNew) || !errors.As(err, &tn) || tn.Want != 100 || tn.Current != 8 {
+			t.Fatalf("a snapshot not older than 100 = %v, want ErrTooNew wanting 100 at 8", err)
 		}
 	})
 }

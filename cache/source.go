@@ -15,6 +15,7 @@ import (
 
 	"github.com/informerd/informerd/internal/backoff"
 	"github.com/informerd/informerd/internal/quote"
+	"github.com/informerd/informerd/internal/snapdiff"
 )
 
 // SourceState is a Source's sync state.
@@ -357,13 +358,20 @@ func (s *Source) admitLocked(o *Object) bool {
 
 // publishList installs the result of a list. The first one becomes the
 // snapshot; later ones (relists) publish only the difference from the
-// store, as a watch would have told it: Added for new objects, Modified
-// for changed resourceVersions, Deleted then Added for an object deleted
-// and created again under its name (another UID), Deleted for vanished
-// objects, then a Bookmark at the list's position. Deletions carry the
-// list's resourceVersion, as the API server stamps a deleted object with
-// the resourceVersion of its deletion, so that no client's position ever
-// moves backwards.
+// store, as snapdiff computes it and a watch would have told it: Deleted
+// for vanished objects, Deleted then Added for an object deleted and
+// created again under its name (another UID), then Added and Modified in
+// ascending order of their resourceVersions, then a Bookmark at the list's
+// position L. Every event of the difference is logged at L without a
+// position of its own, so that a client resuming from the position before
+// it, H, or from any resourceVersion in (H, L), replays all of it. A
+// deletion carries H in its object (the API server stamps a deleted object
+// with its deletion's resourceVersion, which a list does not tell): a
+// client that resumes from an object's resourceVersion (client-go's
+// reflector) then replays the whole difference after any deletion or any
+// object older than L, and resumes after it only from the one object the
+// list wrote last (at L), which comes last. No client's position moves
+// backwards: H is the newest position any client may have seen.
 func (s *Source) publishList(objs []*Object, listRV string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -384,41 +392,40 @@ func (s *Source) publishList(objs []*Object, listRV string) {
 	}
 	s.state = StateSynced
 	before := s.events.len()
-	type name struct{ ns, name string }
-	seen := make(map[name]struct{}, len(admitted))
-	changed := 0
-	// Every event but the last carries no position: a client that resumes
-	// mid-difference replays all of it.
-	for _, o := range admitted {
-		seen[name{o.Namespace, o.Name}] = struct{}{}
-		cur := s.events.get(o.Namespace, o.Name)
-		if cur != nil && cur.ev.Object.ResourceVersion == o.ResourceVersion {
+	deletedAt := s.events.lastPos
+	if deletedAt == "" {
+		deletedAt = listRV
+	}
+	snapdiff.Sort(admitted, compareObjects)
+	changes := snapdiff.Diff(s.events.objects(), admitted, objectAccessors)
+	for _, c := range changes {
+		if c.Type == snapdiff.Deleted {
+			s.events.append(Deleted, c.Object.withResourceVersion(deletedAt), rv, "")
 			continue
 		}
-		if cur != nil && uidOf(cur.ev.Object) != uidOf(o) {
-			s.events.append(Deleted, cur.ev.Object.withResourceVersion(listRV), rv, "")
-			changed++
-		}
-		s.events.append(Modified, o, rv, "")
-		changed++
-	}
-	var gone []*Object
-	s.events.objs.Ascend(func(it objItem) bool {
-		o := it.object()
-		if _, ok := seen[name{o.Namespace, o.Name}]; !ok {
-			gone = append(gone, o)
-		}
-		return true
-	})
-	for _, o := range gone {
-		s.events.append(Deleted, o.withResourceVersion(listRV), rv, "")
-		changed++
+		s.events.append(Modified, c.Object, rv, "") // Added if new
 	}
 	s.events.bookmark(rv, listRV)
-	s.hooks.eventsIn.Add(float64(changed))
-	s.eventsIn += uint64(changed)
+	s.hooks.eventsIn.Add(float64(len(changes)))
+	s.eventsIn += uint64(len(changes))
 	s.hooks.objects.Add(float64(s.events.len() - before))
 	s.broadcastLocked()
+}
+
+// objectAccessors are what snapdiff reads of a stored object.
+var objectAccessors = snapdiff.Accessors[*Object]{
+	Compare:         compareObjects,
+	ResourceVersion: func(o *Object) string { return o.ResourceVersion },
+	UID:             uidOf,
+}
+
+// compareObjects orders objects as the store does: by namespace, then
+// name.
+func compareObjects(a, b *Object) int {
+	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
 }
 
 func (s *Source) publishEvent(t EventType, obj *Object, rvStr string) {

@@ -130,11 +130,13 @@ func read(t *testing.T, ctx context.Context, sub *Subscription, n int) []string 
 	return describe(got)
 }
 
-// TestRelistDifferenceIsWhatAWatchWouldSay (defect 9.5): a relist
-// publishes only the difference, as a watch would have: a deletion carries
-// the relist's resourceVersion in the object itself (a reflector takes its
-// position from it), and an object deleted and created again under its
-// name during the gap is a deletion then an addition.
+// TestRelistDifferenceIsWhatAWatchWouldSay (defect 9.5, issue 28): a
+// relist publishes only the difference, as a watch would have: deletions
+// first, each carrying the last position before the relist in the object
+// itself (a reflector takes its position from it, and must replay the rest
+// of the difference from there), an object deleted and created again under
+// its name during the gap as a deletion then an addition, and the changes
+// in the order of their resourceVersions.
 func TestRelistDifferenceIsWhatAWatchWouldSay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -167,7 +169,7 @@ func TestRelistDifferenceIsWhatAWatchWouldSay(t *testing.T) {
 		}
 		evs = append(evs, next...)
 	}
-	want := []string{"MODIFIED b@7", "ADDED d@8", "DELETED e@9", "ADDED e@6", "DELETED c@9", "BOOKMARK @9"}
+	want := []string{"DELETED c@4", "DELETED e@4", "ADDED e@6", "MODIFIED b@7", "ADDED d@8", "BOOKMARK @9"}
 	if got := describe(evs); !slices.Equal(got, want) {
 		t.Fatalf("after relist = %v, want %v", got, want)
 	}
@@ -179,8 +181,8 @@ func TestRelistDifferenceIsWhatAWatchWouldSay(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if o.ResourceVersion != "9" {
-			t.Errorf("the deletion of %s carries resourceVersion %q in its object, want the relist's 9", o.Name, o.ResourceVersion)
+		if o.ResourceVersion != "4" {
+			t.Errorf("the deletion of %s carries resourceVersion %q in its object, want 4, the position before the relist", o.Name, o.ResourceVersion)
 		}
 	}
 }
@@ -242,6 +244,9 @@ func TestSubscriptionResume(t *testing.T) {
 	}
 	for _, tt := range tests {
 		sub := subscribe(t, ctx, s, Filter{}, tt.resume)
+		if sub.Resets() {
+			t.Errorf("resume from %s: Resets, want a resume", tt.resume)
+		}
 		if tt.want == nil {
 			continue
 		}
@@ -254,6 +259,9 @@ func TestSubscriptionResume(t *testing.T) {
 	steps <- fakeStep{t: Deleted, obj: obj("o3", "7", nil), rv: "7"}
 	read(t, ctx, first, 2)
 	sub := subscribe(t, ctx, s, Filter{}, "1")
+	if !sub.Resets() {
+		t.Error("resume past the horizon: not Resets, want it said before the first event")
+	}
 	got := read(t, ctx, sub, 1)
 	if got[0] != "RESET @" {
 		t.Fatalf("resume past the horizon starts with %s, want RESET", got[0])

@@ -24,6 +24,7 @@ type Subscription struct {
 	phase     phase
 	closeOnce sync.Once
 	release   func()
+	started   bool // Subscribe started the Source for it
 }
 
 // phase is a read of a frozen copy of a Source's store or history, done
@@ -80,6 +81,19 @@ func (s *Subscription) start(ctx context.Context, resume, notOlderThan string) e
 	}
 	return nil
 }
+
+// Resets reports whether the subscription starts with a Reset (its resume
+// point is lost): read it before the first Next, from the reading
+// goroutine.
+func (s *Subscription) Resets() bool {
+	r, ok := s.phase.(*snapshot)
+	return ok && r.reset
+}
+
+// StartedSource reports whether Subscribe started the Source for this
+// subscription (none ran or lingered for its Key): a Reset then says only
+// that the new informer began after the resume point.
+func (s *Subscription) StartedSource() bool { return s.started }
 
 // Next blocks until at least one event is ready and returns up to about
 // max of them, in order. After the Source ends it returns what is left and
@@ -334,8 +348,7 @@ func (s *Source) waitFreshLocked(ctx context.Context, rv uint64, notOlderThan st
 			if ctx.Err() != nil {
 				return err
 			}
-			return fmt.Errorf("%w: %s has not reached resourceVersion %d within %s; it is at %d (retry)",
-				ErrTooNew, s.key, rv, freshnessWait, s.events.last.rv)
+			return &TooNewError{Key: s.key, Want: rv, Current: s.events.last.rv}
 		}
 	}
 	return nil

@@ -367,6 +367,7 @@ func (w *rawWatchStream) next() (EventType, *Object, string, error) {
 	if err != nil {
 		return 0, nil, "", err
 	}
+	w.intern.share(o) // first: sharing managedFields copies the bytes
 	if len(o.Data) > 0 && &o.Data[0] == &obj[0] {
 		o.Data = bytes.Clone(obj) // the frame's bytes are reused
 	}

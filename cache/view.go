@@ -13,7 +13,8 @@ type View int
 
 // Views.
 const (
-	// ViewFull is the whole object (managedFields removed unless kept).
+	// ViewFull is the whole object, as the API server sent it (see
+	// Object.Data).
 	ViewFull View = iota
 	// ViewMetadata is apiVersion, kind and metadata only.
 	ViewMetadata
@@ -22,23 +23,24 @@ const (
 
 var _ [MaxFrameSlots - int(numViews)]struct{} // every View has a frame slot
 
-// Project returns o in view v, in o's encoding.
+// Project returns o in view v, in o's encoding. For ViewFull without a
+// copy, see Object.Buffers.
 func (v View) Project(o *Object) ([]byte, error) {
 	switch {
 	case v == ViewFull:
-		return o.Data, nil
+		return o.Bytes(), nil
 	case v == ViewMetadata && IsProtobuf(o.Data):
-		return metadataProto(o)
+		return metadataProto(o.Bytes())
 	case v == ViewMetadata:
-		return metadataJSON(o)
+		return metadataJSON(o.Bytes())
 	}
 	return nil, fmt.Errorf("unknown view %d", v)
 }
 
-// metadataProto returns o, encoded in protobuf, with only its metadata
+// metadataProto returns the object data, encoded in protobuf, with only its metadata
 // (field 1 of every built-in type).
-func metadataProto(o *Object) ([]byte, error) {
-	apiVersion, kind, raw, err := protoUnknown(o.Data)
+func metadataProto(data []byte) ([]byte, error) {
+	apiVersion, kind, raw, err := protoUnknown(data)
 	if err != nil {
 		return nil, err
 	}
@@ -55,14 +57,14 @@ func metadataProto(o *Object) ([]byte, error) {
 	return appendProtoUnknown(nil, apiVersion, kind, meta), nil
 }
 
-// metadataJSON returns o with only apiVersion, kind and metadata.
-func metadataJSON(o *Object) ([]byte, error) {
+// metadataJSON returns the JSON object data with only apiVersion, kind and metadata.
+func metadataJSON(data []byte) ([]byte, error) {
 	var top struct {
 		APIVersion string          `json:"apiVersion"`
 		Kind       string          `json:"kind"`
 		Metadata   json.RawMessage `json:"metadata"`
 	}
-	if err := json.Unmarshal(o.Data, &top); err != nil {
+	if err := json.Unmarshal(data, &top); err != nil {
 		return nil, err
 	}
 	return json.Marshal(top)

@@ -66,6 +66,9 @@ const unreachablePace = 250 * time.Millisecond
 // local daemon (a Unix socket or loopback) accepting again, else within
 // about a second; opts are appended to the defaults.
 //
+// A unary call the daemon refuses for its caller's share (RESOURCE_EXHAUSTED
+// with a retry delay) is made again after that delay, within its context.
+//
 // Every call carries the caller's token: from WithTokenFile or WithToken,
 // else from DefaultTokenFile when it exists. A host that is not loopback
 // is reached only WithTLS, so that the token never crosses the network in
@@ -92,6 +95,7 @@ func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 	defaults := []grpc.DialOption{
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(informerdv1.MaxMessageBytes)),
 		grpc.WithConnectParams(reconnect),
+		grpc.WithChainUnaryInterceptor(retryShares),
 	}
 	if !hasTLS {
 		defaults = append(defaults, grpc.WithTransportCredentials(insecure.NewCredentials())) // Unix socket or loopback
@@ -295,6 +299,10 @@ type WatchOptions struct {
 	// receives an older one. The Watcher and the adapters set it
 	// themselves.
 	NotOlderThan string
+	// ExistingInformerOnly streams only from an informer the daemon
+	// already runs or keeps lingering; otherwise the stream fails with
+	// FAILED_PRECONDITION and the daemon starts nothing: for one-off reads.
+	ExistingInformerOnly bool
 }
 
 func (o WatchOptions) request(resume string) *informerdv1.WatchRequest {
@@ -320,6 +328,7 @@ func (o WatchOptions) request(resume string) *informerdv1.WatchRequest {
 		Kind:                        o.Kind,
 		Encoding:                    encoding,
 		NotOlderThanResourceVersion: o.NotOlderThan,
+		ExistingInformerOnly:        o.ExistingInformerOnly,
 	}
 }
 
@@ -366,6 +375,22 @@ func (s *Stream) Accepted() error {
 		err = status.Error(codes.Unavailable, "informerd ended the stream before accepting it")
 	}
 	return err
+}
+
+// Reset tells, before any event is read, whether an accepted stream starts
+// with RESET and a snapshot because the daemon does not hold its resume
+// point: informerdv1.ResetLost (its informer no longer holds it) or
+// ResetNewInformer (the request started the informer, after it); "" if
+// not. A caller may then ask elsewhere instead.
+func (s *Stream) Reset() string {
+	md, err := s.s.Header()
+	if err != nil {
+		return ""
+	}
+	if v := md.Get(informerdv1.HeaderReset); len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // Close ends the stream.

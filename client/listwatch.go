@@ -242,8 +242,8 @@ func (lw *listWatch) watching(ctx context.Context, o metav1.ListOptions, await b
 		resume = ""
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	w := &streamWatch{lw: lw, o: o, out: make(chan watch.Event), cancel: cancel,
-		bookmarks: o.AllowWatchBookmarks, watchList: watchList, await: await, resume: resume}
+	w := &streamWatch{lw: lw, o: o, out: make(chan watch.Event), cancel: cancel, done: make(chan struct{}),
+		bookmarks: o.AllowWatchBookmarks, watchList: watchList, await: await, resume: resume, told: resume}
 	if resume == "" {
 		w.held, w.initial = delivered{}, true
 	} else {
@@ -269,6 +269,7 @@ type streamWatch struct {
 	o         metav1.ListOptions
 	out       chan watch.Event
 	cancel    context.CancelFunc // ends the watch
+	done      chan struct{}      // closed when run has returned
 	bookmarks bool
 	watchList bool
 	await     bool // resume after the daemon was unreachable
@@ -277,6 +278,9 @@ type streamWatch struct {
 	// resume is where the next stream resumes: after the last event sent
 	// ("" during the initial events).
 	resume string
+	// told is the receiver's position: the resourceVersion of the last
+	// object or bookmark it received, where a reflector resumes.
+	told string
 	// held is what the receiver holds: what the List or watch this one
 	// resumes from delivered, and what this one delivered since; nil when
 	// not known (a resume point no List of this Client left).
@@ -284,16 +288,17 @@ type streamWatch struct {
 	// initial: the initial events (of a WatchList, or of a watch from "")
 	// are being sent; a stream failing then ends the watch.
 	initial bool
-	// fresh and order collect the snapshot after a RESET (fresh is nil
-	// when there is none).
-	fresh map[objectKey]runtime.Object
-	order []objectKey
+	// fresh collects the snapshot after a RESET (nil when there is none).
+	fresh delivered
 }
 
 // errWatchEnded: the watch sent its last event.
 var errWatchEnded = errors.New("informerd: watch ended")
 
-func (w *streamWatch) Stop() { w.cancel() }
+// Stop ends the watch and returns once it has ended, so that the watch a
+// reflector opens next finds what this one left (see leave). It returns
+// promptly: nothing run waits for outlasts the watch's context.
+func (w *streamWatch) Stop() { w.cancel(); <-w.done }
 
 func (w *streamWatch) ResultChan() <-chan watch.Event { return w.out }
 
@@ -302,6 +307,7 @@ func (w *streamWatch) ResultChan() <-chan watch.Event { return w.out }
 // event), a RESET with nothing to compare with (410), or a failure it
 // cannot resume from (the channel closes; the reflector watches again).
 func (w *streamWatch) run(ctx context.Context, s *Stream) {
+	defer close(w.done)
 	defer close(w.out)
 	once := func(ctx context.Context) (progressed bool, err error) {
 		if s == nil {
@@ -314,7 +320,7 @@ func (w *streamWatch) run(ctx context.Context, s *Stream) {
 			}
 		}
 		defer func() { s.Close(); s = nil }()
-		w.fresh, w.order = nil, nil
+		w.fresh = nil
 		for {
 			evs, err := s.Recv()
 			if err != nil {
@@ -328,14 +334,32 @@ func (w *streamWatch) run(ctx context.Context, s *Stream) {
 			}
 		}
 	}
-	resumable := func(err error, _ bool) bool {
-		return w.await && !w.initial && !terminal(err) && !errors.Is(err, errWatchEnded)
+	// A stream that worked and ends UNAUTHENTICATED ended with its token:
+	// the next one reads the rotated token (see WithTokenFile) and resumes,
+	// as Watcher does, rather than a 401 on which the reflector relists.
+	resumable := func(err error, progressed bool) bool {
+		return w.await && !w.initial && !errors.Is(err, errWatchEnded) &&
+			(!terminal(err) || progressed && status.Code(err) == codes.Unauthenticated)
 	}
 	err := w.lw.c.retry(ctx, Backoff{}.withDefaults(), nil, once, resumable)
 	var st apierrors.APIStatus
 	if err != nil && terminal(err) && errors.As(toAPIError(err), &st) {
 		s := st.Status()
 		w.send(ctx, watch.Event{Type: watch.Error, Object: &s})
+	}
+	w.leave()
+}
+
+// leave keeps what the receiver holds for the watch that resumes from
+// its position (the reflector watches again at once after a watch ends,
+// at each timeoutSeconds), so that a RESET that one receives, or a RESET
+// interrupted by the end of this one, is answered with the changes too.
+func (w *streamWatch) leave() {
+	if w.held == nil || w.initial {
+		return
+	}
+	if opts, err := w.lw.options(w.o); err == nil {
+		w.lw.c.resumes.leave(opts, w.told, w.held)
 	}
 }
 
@@ -383,7 +407,7 @@ func (w *streamWatch) deliver(ctx context.Context, ev *informerdv1.Event) bool {
 			w.send(ctx, watch.Event{Type: watch.Error, Object: &st})
 			return false
 		}
-		w.fresh, w.order = map[objectKey]runtime.Object{}, nil
+		w.fresh = delivered{}
 		return true
 	default:
 		return true
@@ -395,12 +419,7 @@ func (w *streamWatch) deliver(ctx context.Context, ev *informerdv1.Event) bool {
 		return false
 	}
 	if w.fresh != nil { // a snapshot after a RESET: ADDED only
-		if k, _, ok := keyOf(obj); ok {
-			if _, dup := w.fresh[k]; !dup {
-				w.order = append(w.order, k)
-			}
-			w.fresh[k] = obj
-		}
+		w.fresh.apply(watch.Added, obj)
 		return true
 	}
 	w.lw.see(rv) // before the receiver can act on it
@@ -416,7 +435,7 @@ func (w *streamWatch) sendObject(ctx context.Context, e watch.Event) bool {
 		w.held.apply(e.Type, e.Object)
 	}
 	if m, err := meta.Accessor(e.Object); err == nil && !w.initial {
-		w.resume = m.GetResourceVersion()
+		w.resume, w.told = m.GetResourceVersion(), m.GetResourceVersion()
 	}
 	return true
 }
@@ -431,16 +450,25 @@ func (w *streamWatch) sendBookmark(ctx context.Context, ev *informerdv1.Event, i
 	if !w.bookmarks && !initialEventsEnd {
 		return true
 	}
-	return w.send(ctx, watch.Event{Type: watch.Bookmark, Object: w.bookmark(ev, initialEventsEnd)})
+	if !w.send(ctx, watch.Event{Type: watch.Bookmark, Object: w.bookmark(ev, initialEventsEnd)}) {
+		return false
+	}
+	w.told = rv
+	return true
 }
 
 // catchUp ends the snapshot after a RESET (ev is its SYNCED): it sends the
-// changes from what the receiver holds to the snapshot, then a bookmark at
-// the snapshot's resourceVersion.
+// changes from what the receiver holds to the snapshot (see changesTo:
+// deletions carry the position before the RESET), then a bookmark at the
+// snapshot's resourceVersion.
 func (w *streamWatch) catchUp(ctx context.Context, ev *informerdv1.Event) bool {
 	rv := ev.GetResourceVersion()
-	changes := w.held.changesTo(w.fresh, w.order, rv)
-	w.fresh, w.order = nil, nil
+	deletedAt := w.resume
+	if deletedAt == "" {
+		deletedAt = rv
+	}
+	changes := w.held.changesTo(w.fresh, deletedAt)
+	w.fresh = nil
 	w.lw.see(rv)
 	for _, e := range changes {
 		if !w.sendObject(ctx, e) {

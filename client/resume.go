@@ -1,6 +1,9 @@
 package client
 
 import (
+	"cmp"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -8,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/informerd/informerd/internal/snapdiff"
 )
 
 // The client-go adapters (NewListerWatcher, the factory, the dynamic
@@ -22,8 +27,10 @@ import (
 // starting from those of the List it resumes from: a List leaves what it
 // returned, keyed by request and resourceVersion, and the reflector's
 // watch that follows takes it. A RESET's fresh snapshot is compared with
-// them: the watch sends DELETED for the objects gone, ADDED and MODIFIED
-// for the new and changed ones, and a bookmark at the snapshot. A watch
+// them (internal/snapdiff, the difference the daemon's relist and Watcher
+// compute too): the watch sends DELETED for the objects gone, ADDED and
+// MODIFIED for the new and changed ones, in snapdiff's order, and a
+// bookmark at the snapshot. A watch
 // with nothing to compare with (a resume point no List of this Client
 // returned, or one left more than resumeTTL ago) still ends with 410.
 
@@ -47,7 +54,7 @@ type resumeKey struct {
 }
 
 func newResumeKey(opts WatchOptions, rv string) resumeKey {
-	opts.ClientName, opts.NotOlderThan, opts.WaitForResource = "", "", false
+	opts.ClientName, opts.NotOlderThan, opts.WaitForResource, opts.ExistingInformerOnly = "", "", false, false
 	return resumeKey{opts, rv}
 }
 
@@ -120,40 +127,52 @@ func (d delivered) apply(t watch.EventType, obj runtime.Object) {
 }
 
 // changesTo returns the events that take a reflector holding d to fresh,
-// a snapshot at rv: DELETED for what fresh lacks (the object as delivered,
-// at rv), ADDED for what d lacks or holds under another UID (after its
-// DELETED), MODIFIED for a changed resourceVersion. order is fresh's keys
-// in the order the daemon sent them.
-func (d delivered) changesTo(fresh map[objectKey]runtime.Object, order []objectKey, rv string) []watch.Event {
-	var evs []watch.Event
-	gone := func(old runtime.Object) {
-		old = old.DeepCopyObject()
-		if m, err := meta.Accessor(old); err == nil {
-			m.SetResourceVersion(rv)
+// a snapshot, in snapdiff's order and by its rule: DELETED for what fresh
+// lacks or holds under another UID (the object as delivered, carrying
+// deletedAt, the reflector's position before the snapshot, from which it
+// replays the rest if it resumes there), then ADDED and MODIFIED in
+// ascending order of their resourceVersions.
+func (d delivered) changesTo(fresh delivered, deletedAt string) []watch.Event {
+	changes := snapdiff.Diff(slices.Values(d.sorted()), fresh.sorted(), entryAccessors)
+	evs := make([]watch.Event, 0, len(changes))
+	for _, c := range changes {
+		obj, t := c.Object.obj, watch.Modified
+		switch c.Type {
+		case snapdiff.Deleted:
+			t, obj = watch.Deleted, obj.DeepCopyObject()
+			if m, err := meta.Accessor(obj); err == nil {
+				m.SetResourceVersion(deletedAt)
+			}
+		case snapdiff.Added:
+			t = watch.Added
 		}
-		evs = append(evs, watch.Event{Type: watch.Deleted, Object: old})
-	}
-	for k, old := range d {
-		if _, ok := fresh[k]; !ok {
-			gone(old)
-		}
-	}
-	for _, k := range order {
-		obj := fresh[k]
-		old, ok := d[k]
-		if !ok {
-			evs = append(evs, watch.Event{Type: watch.Added, Object: obj})
-			continue
-		}
-		_, om, _ := keyOf(old)
-		_, nm, _ := keyOf(obj)
-		switch {
-		case om.GetUID() != nm.GetUID():
-			gone(old)
-			evs = append(evs, watch.Event{Type: watch.Added, Object: obj})
-		case om.GetResourceVersion() != nm.GetResourceVersion():
-			evs = append(evs, watch.Event{Type: watch.Modified, Object: obj})
-		}
+		evs = append(evs, watch.Event{Type: t, Object: obj})
 	}
 	return evs
+}
+
+// entry is a delivered object with its key and metadata, for snapdiff.
+type entry struct {
+	key  objectKey
+	obj  runtime.Object
+	meta metav1.Object
+}
+
+// sorted returns d's objects ordered by key.
+func (d delivered) sorted() []entry {
+	out := make([]entry, 0, len(d))
+	for k, obj := range d {
+		_, m, _ := keyOf(obj) // d holds only objects with metadata
+		out = append(out, entry{k, obj, m})
+	}
+	slices.SortFunc(out, entryAccessors.Compare)
+	return out
+}
+
+var entryAccessors = snapdiff.Accessors[entry]{
+	Compare: func(a, b entry) int {
+		return cmp.Or(strings.Compare(a.key.namespace, b.key.namespace), strings.Compare(a.key.name, b.key.name))
+	},
+	ResourceVersion: func(e entry) string { return e.meta.GetResourceVersion() },
+	UID:             func(e entry) string { return string(e.meta.GetUID()) },
 }

@@ -60,7 +60,7 @@ type StatusWatcherOptions struct {
 // back to an older state of an object.
 //
 // An event's Resource is the object its status was computed from, as the
-// daemon's cache held it (managedFields removed unless the daemon keeps
+// daemon's cache held it (managedFields included unless the daemon strips
 // them), and so is each generated resource's: what an Applier keeps in its
 // resource cache and its apply-time mutations read. It is nil when the
 // object is not found. A change of the object that leaves its status

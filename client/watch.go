@@ -2,10 +2,13 @@ package client
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +24,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/informerd/informerd/internal/backoff"
+	"github.com/informerd/informerd/internal/snapdiff"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
@@ -321,21 +325,39 @@ func (w *Watcher) apply(ev *informerdv1.Event, snap map[string]*unstructured.Uns
 }
 
 // replace makes snap the store, handing only the differences to the
-// handler: deletions first (as DeletedFinalStateUnknown, since the final
-// state was not seen), then additions and updates. The adds of the first
-// snapshot are the initial list.
+// handler, by snapdiff's rule and in its order: deletions first (as
+// DeletedFinalStateUnknown, since the final state was not seen; an object
+// created again under its name is deleted, then added), then additions
+// and updates. The adds of the first snapshot are the initial list.
 func (w *Watcher) replace(snap map[string]*unstructured.Unstructured) {
-	for _, k := range w.store.ListKeys() {
-		if _, ok := snap[k]; ok {
+	items := w.store.List()
+	old := make([]*unstructured.Unstructured, 0, len(items))
+	for _, item := range items {
+		old = append(old, item.(*unstructured.Unstructured))
+	}
+	snapdiff.Sort(old, compareObjects)
+	next := slices.Collect(maps.Values(snap))
+	snapdiff.Sort(next, compareObjects)
+	for _, c := range snapdiff.Diff(slices.Values(old), next, unstructuredAccessors) {
+		k := storeKey(c.Object)
+		if c.Type == snapdiff.Deleted {
+			_ = w.store.Delete(c.Object) // keyed by namespace/name: cannot fail
+			w.h.OnDelete(toolscache.DeletedFinalStateUnknown{Key: k, Obj: c.Object})
 			continue
 		}
-		old, _, _ := w.store.GetByKey(k)
-		_ = w.store.Delete(old)
-		w.h.OnDelete(toolscache.DeletedFinalStateUnknown{Key: k, Obj: old})
+		w.upsert(k, c.Object)
 	}
-	for k, obj := range snap {
-		w.upsert(k, obj)
-	}
+}
+
+// compareObjects orders objects by namespace, then name.
+func compareObjects(a, b *unstructured.Unstructured) int {
+	return cmp.Or(strings.Compare(a.GetNamespace(), b.GetNamespace()), strings.Compare(a.GetName(), b.GetName()))
+}
+
+var unstructuredAccessors = snapdiff.Accessors[*unstructured.Unstructured]{
+	Compare:         compareObjects,
+	ResourceVersion: (*unstructured.Unstructured).GetResourceVersion,
+	UID:             func(o *unstructured.Unstructured) string { return string(o.GetUID()) },
 }
 
 // upsert stores obj and tells the handler, unless the store already has

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path"
 	"slices"
 	"sync"
 	"time"
@@ -48,7 +49,8 @@ func callerOf(ctx context.Context) *caller {
 const healthCheck = "/grpc.health.v1.Health/Check"
 
 // unaryAuth authenticates the caller of a unary RPC, except a health
-// Check.
+// Check, and spends one of its unary calls (Limits.UnaryCallsPerSecond)
+// for it, holding one of its calls in flight until the call returns.
 func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if info.FullMethod == healthCheck {
 		return handler(ctx, req)
@@ -57,6 +59,14 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 	if err != nil {
 		return nil, err
 	}
+	done, err := s.unary.admit(ctx, callerOf(ctx).name, s.unaryShare)
+	if err != nil {
+		if _, ok := retryDelay(err); ok {
+			s.metrics.unaryRefused.WithLabelValues(path.Base(info.FullMethod)).Inc()
+		}
+		return nil, s.reject(err)
+	}
+	defer done()
 	return handler(ctx, req)
 }
 
@@ -68,14 +78,25 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		return err
 	}
 	c := callerOf(ctx)
-	if !s.streams.acquire(c.name, 1) {
-		s.metrics.limited.WithLabelValues("streams_per_caller").Inc()
-		return s.reject(fmt.Errorf("%w: %s has %d streams open, the limit per caller (max-streams-per-caller): close some first",
-			errLimit, c.name, s.opts.Limits.MaxStreamsPerCaller))
+	release, err := s.holdStream(c)
+	if err != nil {
+		return s.reject(err)
 	}
-	defer s.streams.release(c.name, 1)
+	defer release()
 	c.log = c.log.With("stream", s.streamIDs.Add(1))
 	return handler(srv, &callerStream{ServerStream: ss, ctx: ctx})
+}
+
+// holdStream holds one of c's MaxStreamsPerCaller slots, for a stream or
+// for a Get (which holds a subscription while it waits for its informer),
+// and returns the func that gives it back.
+func (s *Server) holdStream(c *caller) (func(), error) {
+	if !s.streams.acquire(c.name, 1) {
+		s.metrics.limited.WithLabelValues("streams_per_caller").Inc()
+		return nil, fmt.Errorf("%w: %s has %d streams and Gets open, the limit per caller (max-streams-per-caller): close some first",
+			errLimit, c.name, s.opts.Limits.MaxStreamsPerCaller)
+	}
+	return func() { s.streams.release(c.name, 1) }, nil
 }
 
 // callerStream is a ServerStream whose context carries the caller.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"time"
 
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -19,10 +20,12 @@ import (
 // reads (Watch, WatchStatus, WatchAddress, Get):
 //
 //	validate (the handler, before begin; refusals go through reject)
-//	authenticate (the interceptors: the caller is on the context)
+//	authenticate (the interceptors: the caller is on the context; a
+//	      stream holds one of its caller's streams, a unary call spends
+//	      its caller's share of unary calls, and a Get holds a stream too)
 //	authorize (call.authorize: the caller's auth.Grant re-checks it)
 //	hold (call.subscribe, call.hold: counted against the caller's
-//	      informers and shown in ListInformers)
+//	      informers, and its rate of new ones, and shown in ListInformers)
 //	serve (the handler)
 //	end (call.end: the one place that maps what ended it to a status)
 //
@@ -123,7 +126,7 @@ func (c *call) resolve(req *cache.Request, labelSelector string) error {
 		return fmt.Errorf("%w: %s is cluster-scoped: it has no namespace %s (the API server answers 404 Not Found for it); leave the namespace empty",
 			errClusterScoped, gvr.GroupResource(), quote.String(req.Namespace))
 	}
-	req.GVR, req.Kind, req.Owner, req.Holder = gvr, "", c.caller.name, c.holder
+	req.GVR, req.Kind, req.Owner, req.Holder, req.AdmitNew = gvr, "", c.caller.name, c.holder, c.admitNewInformer
 	return c.authorize(access{GVR: gvr, Namespace: req.Namespace, LabelSelector: labelSelector, FieldSelector: req.FieldSelector})
 }
 
@@ -152,13 +155,28 @@ func (c *call) hold(a access) error {
 	if err := c.authorize(a); err != nil {
 		return err
 	}
-	key, release, err := c.s.opts.Cache.Hold(c.ctx, cache.Request{GVR: a.GVR, Namespace: a.Namespace, Owner: c.caller.name, Holder: c.holder})
+	key, release, err := c.s.opts.Cache.Hold(c.ctx, cache.Request{GVR: a.GVR, Namespace: a.Namespace, Owner: c.caller.name, Holder: c.holder, AdmitNew: c.admitNewInformer})
 	if err != nil {
 		return err
 	}
 	c.releases = append(c.releases, release)
 	c.register(key)
 	return nil
+}
+
+// admitNewInformer spends one of the caller's new informers
+// (Limits.NewInformersPerMinute), or refuses with the delay until it has
+// one. The cache calls it before it starts an informer for the caller,
+// and before it stops a lingering one to make room for it.
+func (c *call) admitNewInformer() error {
+	retry := c.s.newInformers.allow(c.caller.name, time.Now())
+	if retry == 0 {
+		return nil
+	}
+	c.s.metrics.newInformersRefused.Inc()
+	l := c.s.opts.Limits
+	return retryAfter(retry, fmt.Errorf("%w: %s starts informers faster than its share (-new-informers-per-minute %g, -new-informer-burst %d): retry after %s (a request that an informer already running serves costs none)",
+		errLimit, c.caller.name, l.NewInformersPerMinute, l.NewInformerBurst, retry.Round(time.Millisecond)))
 }
 
 // register shows the call as a holder of key in ListInformers until it

@@ -39,12 +39,17 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error { return c.proto.Unmarshal(data, v) }
 
-// encodeObjectFrame encodes an Event that carries obj as the `events` field
-// of a WatchResponse in two buffers, the second obj itself, so that the
-// object is never copied. The fields are written type, resource_version,
-// object: protobuf parsers accept fields in any order, and the object last
-// saves a third buffer per event.
-func encodeObjectFrame(t informerdv1.EventType, obj []byte, rv string) frame {
+// encodeObjectFrame encodes an Event that carries the object obj, the
+// concatenation of its buffers, as the `events` field of a WatchResponse:
+// a head and obj's buffers themselves, so that the object is never copied.
+// The fields are written type, resource_version, object: protobuf parsers
+// accept fields in any order, and the object last saves a buffer per
+// event.
+func encodeObjectFrame(t informerdv1.EventType, obj [][]byte, rv string) frame {
+	n := 0
+	for _, b := range obj {
+		n += len(b)
+	}
 	var ev []byte // type (1), resource_version (3) and the head of object (2)
 	if t != 0 {
 		ev = protowire.AppendTag(ev, 1, protowire.VarintType)
@@ -54,18 +59,21 @@ func encodeObjectFrame(t informerdv1.EventType, obj []byte, rv string) frame {
 		ev = protowire.AppendTag(ev, 3, protowire.BytesType)
 		ev = protowire.AppendString(ev, rv)
 	}
-	if len(obj) > 0 {
+	if n > 0 {
 		ev = protowire.AppendTag(ev, 2, protowire.BytesType)
-		ev = protowire.AppendVarint(ev, uint64(len(obj)))
+		ev = protowire.AppendVarint(ev, uint64(n))
 	}
-	size := len(ev) + len(obj)
+	size := len(ev) + n
 	head := make([]byte, 0, 1+protowire.SizeVarint(uint64(size))+len(ev))
 	head = protowire.AppendTag(head, 1, protowire.BytesType)
 	head = protowire.AppendVarint(head, uint64(size))
 	head = append(head, ev...)
-	f := frame{bufs: []mem.Buffer{mem.SliceBuffer(head)}, size: len(head) + len(obj)}
-	if len(obj) > 0 {
-		f.bufs = append(f.bufs, mem.SliceBuffer(obj))
+	f := frame{bufs: make([]mem.Buffer, 0, 1+len(obj)), size: len(head) + n}
+	f.bufs = append(f.bufs, mem.SliceBuffer(head))
+	for _, b := range obj {
+		if len(b) > 0 {
+			f.bufs = append(f.bufs, mem.SliceBuffer(b))
+		}
 	}
 	return f
 }

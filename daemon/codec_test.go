@@ -22,7 +22,7 @@ func TestObjectFrame(t *testing.T) {
 		{Type: informerdv1.EventType_EVENT_TYPE_RESET},
 		{Type: informerdv1.EventType_EVENT_TYPE_BOOKMARK, ResourceVersion: "7"},
 	} {
-		f := encodeObjectFrame(ev.GetType(), ev.GetObject(), ev.GetResourceVersion())
+		f := encodeObjectFrame(ev.GetType(), [][]byte{ev.GetObject()}, ev.GetResourceVersion())
 		got := mem.BufferSlice(f.bufs).Materialize()
 		var resp informerdv1.WatchResponse
 		if err := proto.Unmarshal(got, &resp); err != nil || len(resp.GetEvents()) != 1 || !proto.Equal(resp.GetEvents()[0], ev) {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/cache"
@@ -52,6 +54,8 @@ func toStatus(err error) error {
 		code = codes.NotFound
 	case errors.Is(err, cache.ErrRejected):
 		code = codes.InvalidArgument
+	case errors.Is(err, cache.ErrNoInformer):
+		code = codes.FailedPrecondition
 	case errors.Is(err, cache.ErrLimit), errors.Is(err, errLimit), errors.Is(err, auth.ErrThrottled):
 		code = codes.ResourceExhausted
 	case errors.Is(err, statusengine.ErrForbidden):
@@ -71,6 +75,7 @@ func toStatus(err error) error {
 	reason := ""
 	var metadata map[string]string
 	var ae *auth.Error
+	var tn *cache.TooNewError
 	switch {
 	case errors.Is(err, cache.ErrObjectNotFound):
 		reason = informerdv1.ReasonObjectNotFound
@@ -82,9 +87,19 @@ func toStatus(err error) error {
 		reason = informerdv1.ReasonSensitive
 	case errors.As(err, &ae) && errors.Is(ae.Kind, auth.ErrDenied) && ae.User != "":
 		reason, metadata = informerdv1.ReasonDenied, map[string]string{informerdv1.MetadataUser: ae.User}
+	case errors.As(err, &tn):
+		reason, metadata = informerdv1.ReasonTooNew, map[string]string{
+			informerdv1.MetadataWantResourceVersion:    strconv.FormatUint(tn.Want, 10),
+			informerdv1.MetadataCurrentResourceVersion: strconv.FormatUint(tn.Current, 10),
+		}
 	}
 	if reason != "" {
 		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Domain: informerdv1.ErrorDomain, Reason: reason, Metadata: metadata}); derr == nil {
+			st = d
+		}
+	}
+	if after, ok := retryDelay(err); ok {
+		if d, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(after)}); derr == nil {
 			st = d
 		}
 	}

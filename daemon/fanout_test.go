@@ -227,8 +227,9 @@ type serverConfig struct {
 	authn auth.AuthenticatorOptions
 	authz auth.AuthorizerOptions
 	tcp   bool // serve on a loopback TCP port as well
-	// maxObjectBytes is the cache's MaxObjectBytes.
-	maxObjectBytes int
+	// maxObjectBytes and maxSources are the cache's MaxObjectBytes and
+	// MaxSources.
+	maxObjectBytes, maxSources int
 	// health registers the gRPC health service, as cmd/informerd does.
 	health bool
 }
@@ -250,7 +251,7 @@ func serve(t testing.TB, api *fakeAPIServer, sec security, tune ...func(*serverC
 	}
 	mgr, err := cache.NewManager(cache.Options{
 		Config: &rest.Config{Host: api.URL, QPS: -1}, Scope: cache.ScopeCluster, DisableWatchList: true,
-		MaxObjectBytes: cfg.maxObjectBytes, Logger: slog.New(slog.DiscardHandler),
+		MaxObjectBytes: cfg.maxObjectBytes, MaxSources: cfg.maxSources, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatal(err)

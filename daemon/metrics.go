@@ -12,6 +12,11 @@ type metrics struct {
 	statusStreams   prometheus.Gauge
 	statusEventsOut prometheus.Counter
 	limited         *prometheus.CounterVec
+	// unaryRefused counts unary calls refused for their caller's share,
+	// by RPC; newInformersRefused requests refused for their caller's rate
+	// of new informers.
+	unaryRefused        *prometheus.CounterVec
+	newInformersRefused prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -29,9 +34,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		limited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "informerd_limit_rejections_total", Help: "Streams and connections refused by a limit, by limit: streams_per_caller, status_objects_per_caller, connections, connections_per_peer, unauthenticated_connections.",
 		}, []string{"limit"}),
+		unaryRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "informerd_unary_calls_refused_total", Help: "Unary calls refused with RESOURCE_EXHAUSTED because their caller was over its share (-unary-calls-per-second, -unary-call-burst, -unary-calls-in-flight-per-caller), by RPC.",
+		}, []string{"rpc"}),
+		newInformersRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "informerd_new_informers_refused_total", Help: "Requests refused with RESOURCE_EXHAUSTED because they would have started an informer beyond their caller's -new-informers-per-minute.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.streams, m.eventsOut, m.bytesOut, m.requestErrors, m.statusStreams, m.statusEventsOut, m.limited)
+		reg.MustRegister(m.streams, m.eventsOut, m.bytesOut, m.requestErrors, m.statusStreams, m.statusEventsOut, m.limited, m.unaryRefused, m.newInformersRefused)
 	}
 	return m
 }

@@ -115,6 +115,28 @@ type Limits struct {
 	// KeepaliveMinTime is the shortest interval at which a client may
 	// ping; a client that pings more often is disconnected. Default 20s.
 	KeepaliveMinTime time.Duration
+	// UnaryCallsPerSecond and UnaryCallBurst are the token bucket of each
+	// caller's unary calls (Get, GetDiscovery, ListInformers, Version, the
+	// health service's List; not the health Check), and
+	// UnaryCallsInFlightPerCaller bounds those it has in flight, waiting
+	// for a token included. A call whose token comes within UnaryCallMaxWait
+	// waits for it; later, or beyond the calls in flight, it gets
+	// RESOURCE_EXHAUSTED with the retry delay in its details
+	// (errdetails.RetryInfo), which the client library waits before it
+	// retries. Defaults 100/s, 200, 64 and 500ms.
+	UnaryCallsPerSecond         float64
+	UnaryCallBurst              int
+	UnaryCallsInFlightPerCaller int
+	UnaryCallMaxWait            time.Duration
+	// NewInformersPerMinute and NewInformerBurst are the token bucket of
+	// the informers each caller's requests start (a request served by an
+	// informer that runs, lingering or not, costs none): a request that
+	// would start one beyond it gets RESOURCE_EXHAUSTED with the retry
+	// delay, before anything is started or stopped for it, so that no
+	// other caller's lingering informer is evicted for a caller over its
+	// rate. Defaults 60 and 64.
+	NewInformersPerMinute float64
+	NewInformerBurst      int
 }
 
 func (l *Limits) setDefaults() {
@@ -141,4 +163,14 @@ func (l *Limits) setDefaults() {
 	defDur(&l.ConnectionTimeout, 10*time.Second)
 	defDur(&l.MaxConnectionIdle, 5*time.Minute)
 	defDur(&l.KeepaliveMinTime, 20*time.Second)
+	defDur(&l.UnaryCallMaxWait, 500*time.Millisecond)
+	def(&l.UnaryCallBurst, 200)
+	def(&l.UnaryCallsInFlightPerCaller, 64)
+	def(&l.NewInformerBurst, 64)
+	if l.UnaryCallsPerSecond <= 0 {
+		l.UnaryCallsPerSecond = 100
+	}
+	if l.NewInformersPerMinute <= 0 {
+		l.NewInformersPerMinute = 60
+	}
 }

@@ -7,6 +7,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"runtime"
 	"slices"
@@ -38,6 +39,13 @@ type Server struct {
 	statusObjects *callerCounter
 	conns         *connCounter
 	holds         *holdRegistry
+	// unary is every caller's share of unary calls, unaryShare its name
+	// in refusals; newInformers every caller's rate of new informers.
+	unary        *callerBudgets
+	unaryShare   string
+	newInformers *callerBudgets
+	// discovery is GetDiscovery's answer.
+	discovery discoveryAnswer
 	// shutdown ends every stream when cancelled.
 	shutdown       context.Context
 	cancelShutdown context.CancelFunc
@@ -81,6 +89,11 @@ func New(opts Options) (*Server, error) {
 		statusObjects: &callerCounter{max: opts.Limits.MaxStatusObjectsPerCaller, open: map[string]int{}},
 		conns:         &connCounter{max: opts.Limits.MaxConnections, perPeer: opts.Limits.MaxConnectionsPerPeer, byPeer: map[string]int{}},
 		holds:         &holdRegistry{holds: map[*hold]struct{}{}},
+		unary: newCallerBudgets(opts.Limits.UnaryCallsPerSecond, opts.Limits.UnaryCallBurst,
+			opts.Limits.UnaryCallsInFlightPerCaller, opts.Limits.UnaryCallMaxWait),
+		unaryShare: fmt.Sprintf("unary calls (-unary-calls-per-second %g, -unary-call-burst %d, -unary-calls-in-flight-per-caller %d)",
+			opts.Limits.UnaryCallsPerSecond, opts.Limits.UnaryCallBurst, opts.Limits.UnaryCallsInFlightPerCaller),
+		newInformers: newCallerBudgets(opts.Limits.NewInformersPerMinute/60, opts.Limits.NewInformerBurst, 0, 0),
 	}
 	var err error
 	if s.addresses, s.addressReads, err = newAddresses(opts); err != nil {
@@ -140,6 +153,14 @@ func (s *Server) Get(ctx context.Context, req *informerdv1.GetRequest) (_ *infor
 		return nil, err
 	}
 	defer func() { err = c.end(err) }()
+	// While it waits for its informer to sync or reach
+	// not_older_than_resource_version, a Get holds a subscription, as a
+	// stream does: it counts as one.
+	release, err := s.holdStream(c.caller)
+	if err != nil {
+		return nil, err
+	}
+	c.releases = append(c.releases, release)
 	if err := c.resolve(&creq, ""); err != nil {
 		return nil, err
 	}
@@ -149,7 +170,7 @@ func (s *Server) Get(ctx context.Context, req *informerdv1.GetRequest) (_ *infor
 	}
 	data, err := view.Project(o)
 	if err != nil {
-		data = o.Data // as encodeEvent: the API server sent these bytes
+		data = o.Bytes() // as encodeEvent: the API server sent these bytes
 	}
 	return &informerdv1.GetResponse{Object: data}, nil
 }

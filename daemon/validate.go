@@ -166,6 +166,8 @@ func validateWatch(req *informerdv1.WatchRequest, maxSelector int) (cache.Reques
 		WaitForResource: req.GetWaitForResource(),
 		Holder:          name,
 		Protobuf:        protobuf,
+
+		ExistingInformerOnly: req.GetExistingInformerOnly(),
 	}, view, nil
 }
 

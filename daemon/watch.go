@@ -31,7 +31,14 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 		return err
 	}
 	defer sub.Close()
-	if err := stream.SendHeader(metadata.Pairs(informerdv1.HeaderAccepted, "true")); err != nil {
+	md := metadata.Pairs(informerdv1.HeaderAccepted, "true")
+	switch {
+	case sub.Resets() && sub.StartedSource():
+		md.Append(informerdv1.HeaderReset, informerdv1.ResetNewInformer)
+	case sub.Resets():
+		md.Append(informerdv1.HeaderReset, informerdv1.ResetLost)
+	}
+	if err := stream.SendHeader(md); err != nil {
 		return err
 	}
 	apiVersion, kind := sub.TypeMeta()
@@ -140,19 +147,24 @@ func (s *sender) close() {
 // encodeEvent encodes e in view as a WatchResponse `events` field. A
 // BOOKMARK or SYNCED carries an object of the resource's kind with only its
 // resourceVersion, as the API server's bookmarks do. The full view shares
-// the object's bytes instead of copying them.
+// the object's bytes (and the managedFields it shares) instead of copying
+// them.
 func encodeEvent(e *cache.Event, view cache.View, apiVersion, kind string) frame {
-	var obj []byte
+	var obj [][]byte
 	switch {
 	case e.Object == nil && (e.Type == cache.Bookmark || e.Type == cache.Synced):
-		obj = markerJSON(apiVersion, kind, e.ResourceVersion)
+		obj = [][]byte{markerJSON(apiVersion, kind, e.ResourceVersion)}
+	case e.Object != nil && view == cache.ViewFull:
+		obj = e.Object.Buffers()
 	case e.Object != nil:
-		var err error
-		if obj, err = view.Project(e.Object); err != nil {
+		b, err := view.Project(e.Object)
+		if err != nil {
 			// The API server sent these bytes; a projection cannot fail
 			// on them. Send the full object rather than nothing.
-			obj = e.Object.Data
+			obj = e.Object.Buffers()
+			break
 		}
+		obj = [][]byte{b}
 	}
 	return encodeObjectFrame(eventType(e.Type), obj, e.ResourceVersion)
 }

@@ -488,7 +488,7 @@ func (e *Engine) read(t *target) (*event.ResourceStatus, map[object.ObjMetadata]
 		setDeps(t, nil)
 		return notFound(t.id), nil, false
 	}
-	objects := map[object.ObjMetadata][]byte{t.id: o.Data}
+	objects := map[object.ObjMetadata][]byte{t.id: o.Bytes()}
 	u, err := decode(o.Data)
 	if err != nil {
 		return &event.ResourceStatus{Identifier: t.id, Status: kstatus.UnknownStatus, Error: err}, nil, false

@@ -224,7 +224,7 @@ func (r *clusterReader) ListNamespaceScoped(_ context.Context, list *unstructure
 	if len(objs) > 0 {
 		for _, o := range objs {
 			d.names[o.Name] = struct{}{}
-			r.objects[object.ObjMetadata{GroupKind: gk, Namespace: o.Namespace, Name: o.Name}] = o.Data
+			r.objects[object.ObjMetadata{GroupKind: gk, Namespace: o.Namespace, Name: o.Name}] = o.Bytes()
 			if gk == podGK {
 				// podStatuses reads the Pod from r.listed, decoding it
 				// only if its status at this resourceVersion is not known:

@@ -15,19 +15,22 @@ import (
 // Why a request is passed through to the API server: the label values of
 // informerd_client_wrap_requests_total's reason.
 const (
-	reasonMethod      = "method"       // not a GET: writes, and every other verb
-	reasonNotList     = "not_list"     // not a collection: one object, a subresource, discovery, other paths
-	reasonFormat      = "format"       // an Accept the daemon cannot answer in: as=Table, YAML, CBOR, ...
-	reasonParameter   = "parameter"    // a query parameter the daemon cannot honour exactly
-	reasonExactRV     = "exact_rv"     // resourceVersionMatch=Exact, or a continue token
-	reasonNotServed   = "not_served"   // the API server does not serve the resource, or not list and watch
-	reasonSensitive   = "sensitive"    // the daemon does not serve the resource (-serve-sensitive)
-	reasonDenied      = "denied"       // the daemon's PERMISSION_DENIED: the API server decides
-	reasonRejected    = "rejected"     // the daemon's INVALID_ARGUMENT: the API server says why
-	reasonExhausted   = "exhausted"    // the daemon's RESOURCE_EXHAUSTED
-	reasonUnavailable = "unavailable"  // the daemon is down or cannot answer now (the outcome is fell_back)
-	reasonEncoding    = "encoding"     // the daemon sent an object that cannot go in the requested format
-	reasonAuth        = "unauthorized" // the daemon's UNAUTHENTICATED: no or a bad informerd token
+	reasonMethod      = "method"        // not a GET: writes, and every other verb
+	reasonNotList     = "not_list"      // not a collection: one object, a subresource, discovery, other paths
+	reasonFormat      = "format"        // an Accept the daemon cannot answer in: as=Table, YAML, CBOR, ...
+	reasonParameter   = "parameter"     // a query parameter the daemon cannot honour exactly
+	reasonExactRV     = "exact_rv"      // resourceVersionMatch=Exact, or a continue token
+	reasonNotServed   = "not_served"    // the API server does not serve the resource, or not list and watch
+	reasonSensitive   = "sensitive"     // the daemon does not serve the resource (-serve-sensitive)
+	reasonDenied      = "denied"        // the daemon's PERMISSION_DENIED: the API server decides
+	reasonRejected    = "rejected"      // the daemon's INVALID_ARGUMENT: the API server says why
+	reasonExhausted   = "exhausted"     // the daemon's RESOURCE_EXHAUSTED
+	reasonUnavailable = "unavailable"   // the daemon is down or cannot answer now (the outcome is fell_back)
+	reasonEncoding    = "encoding"      // the daemon sent an object that cannot go in the requested format
+	reasonAuth        = "unauthorized"  // the daemon's UNAUTHENTICATED: no or a bad informerd token
+	reasonImpersonate = "impersonation" // an Impersonate-* header: the daemon would read as its token, not as the impersonated user
+	reasonResumeLost  = "resume_lost"   // a watch from a resourceVersion the daemon no longer holds: the API server may
+	reasonOneOff      = "one_off"       // a list with a field selector that no informer of the daemon serves: no new one for it
 )
 
 // readRequest is a list or watch GET that the daemon may answer.
@@ -46,7 +49,8 @@ type readRequest struct {
 }
 
 // parseRead returns the readRequest of req, or the reason it is passed
-// through. It accepts only what it can answer exactly: the paths of
+// through. It accepts only what it can answer exactly: requests without
+// Impersonate-* headers (cfg.Impersonate sets them), for the paths of
 // collections (/api/v1[/namespaces/NS]/RESOURCE and
 // /apis/GROUP/VERSION[/namespaces/NS]/RESOURCE), the query parameters of
 // ListOptions that the daemon honours, and Accept headers whose first
@@ -56,8 +60,16 @@ func parseRead(req *http.Request) (*readRequest, string) {
 	if req.Method != http.MethodGet {
 		return nil, reasonMethod
 	}
+	for k := range req.Header {
+		if strings.HasPrefix(strings.ToLower(k), "impersonate-") {
+			return nil, reasonImpersonate
+		}
+	}
 	r := &readRequest{}
 	var ok bool
+	if req.URL.RawPath != "" { // escaped: matched as the API server matches it, by it
+		return nil, reasonNotList
+	}
 	if r.gvr, r.namespace, ok = parsePath(req.URL.Path); !ok {
 		return nil, reasonNotList
 	}
@@ -73,18 +85,9 @@ func parseRead(req *http.Request) (*readRequest, string) {
 			return nil, reasonParameter
 		}
 	}
-	var err error
-	if r.watch, err = boolParam(q, "watch"); err != nil {
-		return nil, reasonParameter
-	}
-	if r.allowBookmarks, err = boolParam(q, "allowWatchBookmarks"); err != nil {
-		return nil, reasonParameter
-	}
+	r.watch, r.allowBookmarks = boolParam(q, "watch"), boolParam(q, "allowWatchBookmarks")
 	if q.Has("sendInitialEvents") {
-		b, err := boolParam(q, "sendInitialEvents")
-		if err != nil {
-			return nil, reasonParameter
-		}
+		b := boolParam(q, "sendInitialEvents")
 		r.sendInitialEvents = &b
 	}
 	if q.Get("continue") != "" {
@@ -151,19 +154,29 @@ func parseRead(req *http.Request) (*readRequest, string) {
 	return r, ""
 }
 
-func boolParam(q url.Values, k string) (bool, error) {
-	if !q.Has(k) {
-		return false, nil
-	}
-	if q.Get(k) == "" { // ?watch
-		return true, nil
-	}
-	return strconv.ParseBool(q.Get(k))
+// boolParam reads a boolean query parameter as the API server does
+// (apimachinery's Convert_Slice_string_To_bool): absent, "0" and "false"
+// in any case are false; every other value, "" and "f" included, is true.
+func boolParam(q url.Values, k string) bool {
+	v, ok := q[k]
+	return ok && len(v) > 0 && v[0] != "0" && !strings.EqualFold(v[0], "false")
 }
 
-// parsePath returns the resource and namespace of a collection's path.
+// parsePath returns the resource and namespace of a collection's path. It
+// matches paths as the API server's mux does, segment by segment: a path
+// with an empty, "." or ".." segment (//api/v1/pods, /api/v1/pods/) is not
+// a collection's, whatever the API server answers for it.
 func parsePath(path string) (gvr schema.GroupVersionResource, namespace string, ok bool) {
-	parts := strings.Split(strings.Trim(path, "/"), "/")
+	rest, ok := strings.CutPrefix(path, "/")
+	if !ok {
+		return gvr, "", false
+	}
+	parts := strings.Split(rest, "/")
+	for _, p := range parts {
+		if p == "" || p == "." || p == ".." {
+			return gvr, "", false
+		}
+	}
 	switch {
 	case len(parts) >= 2 && parts[0] == "api":
 		gvr.Version, parts = parts[1], parts[2:]

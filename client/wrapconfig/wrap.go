@@ -181,7 +181,7 @@ func (t *wrapTransport) options(r *readRequest, k kindInfo) (client.WatchOptions
 	opts := client.WatchOptions{
 		Resource: r.gvr, Namespace: r.namespace, LabelSelector: r.labelSelector, FieldSelector: r.fieldSelector,
 		MetadataOnly: r.format.metadata, Protobuf: r.format.protobuf && !r.format.metadata && k.builtin,
-		ClientName: t.o.ClientName,
+		ClientName: t.o.ClientName, ExistingInformerOnly: oneOff(r, t.o),
 	}
 	min, _ := t.seen.Get(sc) // for a resumed watch too: the resume point is at least as new
 	if n, err := strconv.ParseUint(r.resourceVersion, 10, 64); err == nil && (!r.watch || r.notOlderThan) {
@@ -191,6 +191,17 @@ func (t *wrapTransport) options(r *readRequest, k kindInfo) (client.WatchOptions
 		opts.NotOlderThan = strconv.FormatUint(min, 10)
 	}
 	return opts, sc
+}
+
+// oneOff reports whether r is a read the daemon serves only from an
+// informer it already has: a list with a field selector (kubectl
+// describe's events of one object, metadata.name=X) would otherwise start
+// an informer that lingers, a watch at the API server that a direct list
+// does not cost. The informer a watch with the same selector starts (a
+// node agent's spec.nodeName=NODE) serves such lists from then on. Strict
+// configs never pass through, so they start it.
+func oneOff(r *readRequest, o Options) bool {
+	return !r.watch && r.fieldSelector != "" && !o.Strict
 }
 
 // saw notes that rv was served for sc.
@@ -257,12 +268,20 @@ func response(req *http.Request, code int, contentType string, body io.ReadClose
 // serveWatch answers a watch with a daemon stream, once the daemon has
 // accepted it; the response's body owns the stream.
 func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo) (*http.Response, error) {
-	ctx, cancel := context.WithCancel(req.Context())
+	var (
+		ctx      context.Context
+		cancel   context.CancelFunc
+		deadline time.Time
+	)
 	if r.timeout > 0 {
-		ctx, cancel = context.WithTimeout(req.Context(), r.timeout)
+		deadline = time.Now().Add(r.timeout)
+		ctx, cancel = context.WithDeadline(req.Context(), deadline)
+	} else {
+		ctx, cancel = context.WithCancel(req.Context())
 	}
 	opts, sc := t.options(r, k)
-	w := &wrapWatch{t: t, sc: sc, enc: watchEncoder{f: r.format, k: k}, bookmarks: r.allowBookmarks, resume: r.resourceVersion}
+	w := &wrapWatch{t: t, sc: sc, enc: watchEncoder{f: r.format, k: k}, bookmarks: r.allowBookmarks, resume: r.resourceVersion,
+		last: r.resourceVersion, start: r.resourceVersion, deadline: deadline}
 	resume := ""
 	switch {
 	case r.sendInitialEvents != nil && *r.sendInitialEvents:
@@ -282,9 +301,20 @@ func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo
 		cancel()
 		return t.daemonError(req, r, err)
 	}
+	if resume != "" && s.Reset() == informerdv1.ResetLost && !t.o.Strict {
+		// The daemon's informer no longer holds the resume point: the API
+		// server may still (a young cluster's RV 1), and answers 410
+		// itself if not. An informer this watch started (the daemon
+		// restarted, or the reflector's list went to the API server as
+		// oneOff) answers 410 instead: the reflector lists again, from
+		// it, rather than watching the API server with nobody keeping
+		// that informer for its next watch.
+		cancel()
+		return t.pass(req, reasonResumeLost, nil)
+	}
 	pr, pw := io.Pipe()
 	w.s, w.out = s, pw
-	go w.run(cancel) // ends when the stream does, or the body is closed
+	go w.run(ctx, cancel) // ends when the stream does, or the body is closed
 	t.count(outcomeServed, "")
 	return response(req, http.StatusOK, r.format.contentType(true), &watchBody{PipeReader: pr, cancel: cancel}, -1), nil
 }
@@ -308,34 +338,108 @@ type wrapWatch struct {
 	s   *client.Stream
 	out *io.PipeWriter
 
-	resume      string // the request's resourceVersion
-	bookmarks   bool   // allowWatchBookmarks
-	watchList   bool   // sendInitialEvents=true: end the initial events with the initial-events-end bookmark
-	initial     bool   // the stream starts with a snapshot, until SYNCED
-	skipInitial bool   // sendInitialEvents=false: do not send the snapshot
+	resume      string    // the request's resourceVersion
+	last        string    // the newest resourceVersion of the watch: the position of a bookmark
+	start       string    // where the watch started: the resume point, or its snapshot's
+	deadline    time.Time // timeoutSeconds' end; zero: none
+	expired     bool      // a RESET ended the watch: discard the snapshot, then answer 410
+	bookmarks   bool      // allowWatchBookmarks
+	watchList   bool      // sendInitialEvents=true: end the initial events with the initial-events-end bookmark
+	initial     bool      // the stream starts with a snapshot, until SYNCED
+	skipInitial bool      // sendInitialEvents=false: do not send the snapshot
 }
+
+// bookmarkLead is how long before timeoutSeconds ends a watch the API
+// server sends a bookmark to a watch that allows them (k8s.io/apiserver's
+// cacheWatcher.nextBookmarkTime: 2s before the deadline).
+const bookmarkLead = 2 * time.Second
 
 // run writes the stream's events to the body until the stream ends, which
 // ends the body as the API server ends a watch: cleanly, after an ERROR
-// event for a resume point the daemon no longer has (410 Expired). The
-// caller's reflector then watches again from where it was.
-func (w *wrapWatch) run(cancel context.CancelFunc) {
+// event for a resume point the daemon no longer has (410 Expired), and
+// with allowWatchBookmarks a bookmark bookmarkLead before timeoutSeconds
+// ends it. The caller's reflector then watches again from where it was.
+// A goroutine of its own receives from the stream; it ends with ctx,
+// which run cancels when it returns.
+func (w *wrapWatch) run(ctx context.Context, cancel context.CancelFunc) {
 	defer cancel()
 	defer w.out.Close()
-	for {
-		evs, err := w.s.Recv()
-		if err != nil {
-			return // the daemon ended the stream, or went away: as a watch that ends
-		}
-		for _, ev := range evs {
-			b, end, err := w.translate(ev)
-			if err == nil && b != nil {
-				_, err = w.out.Write(b)
+	type batch struct {
+		evs []*informerdv1.Event
+		err error
+	}
+	batches := make(chan batch) // unbuffered: one batch at a time
+	go func() {
+		for {
+			evs, err := w.s.Recv() // ends with ctx
+			select {
+			case batches <- batch{evs, err}:
+			case <-ctx.Done():
+				return
 			}
-			if err != nil || end {
+			if err != nil {
 				return
 			}
 		}
+	}()
+	var pretimeout <-chan time.Time
+	if w.bookmarks && !w.deadline.IsZero() {
+		if d := time.Until(w.deadline.Add(-bookmarkLead)); d > 0 {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			pretimeout = t.C
+		}
+	}
+	for {
+		select {
+		case b := <-batches:
+			if b.err != nil {
+				if w.expired { // the stream ended before the snapshot's end
+					w.writeExpired("")
+				}
+				return // the daemon ended the stream, or went away: as a watch that ends
+			}
+			for _, ev := range b.evs {
+				b, end, err := w.translate(ev)
+				if err == nil && b != nil {
+					_, err = w.out.Write(b)
+				}
+				if err != nil || end {
+					return
+				}
+			}
+		case <-pretimeout:
+			pretimeout = nil
+			if w.initial || w.expired || !newer(w.last, w.start) {
+				// As the API server's watch cache, which sends a watcher
+				// only what is newer than where it started.
+				continue
+			}
+			b, err := w.enc.bookmark(w.last, false)
+			if err == nil {
+				_, err = w.out.Write(b)
+			}
+			if err != nil {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// writeExpired writes the API server's 410 for the watch: "too old
+// resource version: X (Y)", X the watch's last position and Y (if known)
+// the one it could resume from now (k8s.io/apiserver's watch cache names
+// its oldest).
+func (w *wrapWatch) writeExpired(now string) {
+	msg := "too old resource version: " + w.last
+	if now != "" {
+		msg += " (" + now + ")"
+	}
+	st := apierrors.NewResourceExpired(msg).ErrStatus
+	if b, err := w.enc.errorEvent(&st); err == nil {
+		_, _ = w.out.Write(b)
 	}
 }
 
@@ -343,6 +447,13 @@ func (w *wrapWatch) run(cancel context.CancelFunc) {
 // the watch ends after it.
 func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 	rv := ev.GetResourceVersion()
+	if w.expired { // reading to the snapshot's end for its resourceVersion
+		if ev.GetType() == informerdv1.EventType_EVENT_TYPE_SYNCED {
+			w.writeExpired(rv)
+			return nil, true, nil
+		}
+		return nil, false, nil
+	}
 	var t string
 	switch ev.GetType() {
 	case informerdv1.EventType_EVENT_TYPE_ADDED:
@@ -355,6 +466,10 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 		initial := w.initial
 		w.initial = false
 		w.t.saw(w.sc, rv)
+		w.advance(rv)
+		if initial {
+			w.start = rv
+		}
 		if !initial || !w.watchList {
 			return nil, false, nil
 		}
@@ -365,7 +480,8 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 			return nil, false, nil
 		}
 		w.t.saw(w.sc, rv)
-		if !w.bookmarks {
+		w.advance(rv)
+		if !w.bookmarks || !newer(rv, w.start) { // the watch cache sends only what is newer than the start
 			return nil, false, nil
 		}
 		b, err := w.enc.bookmark(rv, false)
@@ -374,9 +490,8 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 		if w.initial {
 			return nil, false, nil // a snapshot follows, which is what was asked for
 		}
-		st := apierrors.NewResourceExpired("too old resource version: " + w.resume).ErrStatus
-		b, err := w.enc.errorEvent(&st)
-		return b, true, err
+		w.expired = true // the 410 names the snapshot's resourceVersion: read to its end
+		return nil, false, nil
 	default:
 		return nil, false, nil
 	}
@@ -391,8 +506,27 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 	}
 	if !w.initial {
 		w.t.saw(w.sc, rv)
+		w.advance(rv)
 	}
 	return b, false, nil
+}
+
+// advance notes rv as the watch's newest position, if it is newer.
+func (w *wrapWatch) advance(rv string) {
+	if newer(rv, w.last) {
+		w.last = rv
+	}
+}
+
+// newer reports whether resourceVersion a is a number greater than b, or
+// b is not a number.
+func newer(a, b string) bool {
+	n, err := strconv.ParseUint(a, 10, 64)
+	if err != nil {
+		return false
+	}
+	m, err := strconv.ParseUint(b, 10, 64)
+	return err != nil || n > m
 }
 
 // daemonError answers a request that the daemon refused or could not
@@ -403,14 +537,23 @@ func (t *wrapTransport) daemonError(req *http.Request, r *readRequest, err error
 		return nil, ctxErr
 	}
 	st := status.Convert(err)
-	reason, user := "", ""
+	reason, md := "", map[string]string(nil)
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == informerdv1.ErrorDomain {
-			reason, user = info.GetReason(), info.GetMetadata()[informerdv1.MetadataUser]
+			reason, md = info.GetReason(), info.GetMetadata()
 		}
 	}
+	user := md[informerdv1.MetadataUser]
 	msg := "informerd: " + st.Message()
 	switch st.Code() {
+	case codes.Unavailable:
+		if reason == informerdv1.ReasonTooNew && !r.watch && md[informerdv1.MetadataWantResourceVersion] == r.resourceVersion {
+			// The caller's own resourceVersion, not reached in the 3s the
+			// API server's watch cache also waits: its answer, on which
+			// the caller retries after a second.
+			t.count(outcomeServed, "")
+			return statusResponse(req, tooLargeResourceVersion(r.resourceVersion, md[informerdv1.MetadataCurrentResourceVersion]))
+		}
 	case codes.NotFound:
 		return t.pass(req, reasonNotServed, notFound())
 	case codes.PermissionDenied:
@@ -420,6 +563,8 @@ func (t *wrapTransport) daemonError(req *http.Request, r *readRequest, err error
 		return t.pass(req, reasonDenied, forbidden(r, user, ""))
 	case codes.InvalidArgument:
 		return t.pass(req, reasonRejected, &apierrors.NewBadRequest(msg).ErrStatus)
+	case codes.FailedPrecondition: // no informer for a oneOff read
+		return t.pass(req, reasonOneOff, nil)
 	case codes.ResourceExhausted:
 		return t.pass(req, reasonExhausted, &apierrors.NewTooManyRequests(msg, 1).ErrStatus)
 	case codes.Unauthenticated:
@@ -475,8 +620,25 @@ func (t *wrapTransport) refuse(req *http.Request, reason string, st *metav1.Stat
 		_ = req.Body.Close() // RoundTrip closes the body, even on errors
 	}
 	if st == nil {
+		if reason == reasonImpersonate {
+			reason += ": the daemon reads as its own token, so only the API server can decide what an impersonated user may read"
+		}
 		return nil, fmt.Errorf("%w: %s %s (%s)", ErrNotServed, req.Method, req.URL.Path, reason)
 	}
+	return statusResponse(req, st)
+}
+
+// tooLargeResourceVersion is the API server's answer for a list at a
+// resourceVersion its watch cache has not reached in 3s (k8s.io/apiserver's
+// storage.NewTooLargeResourceVersionError): 504, retry after a second.
+func tooLargeResourceVersion(want, current string) *metav1.Status {
+	st := apierrors.NewTimeoutError(fmt.Sprintf("Too large resource version: %s, current: %s", want, current), 1).ErrStatus
+	st.Details.Causes = []metav1.StatusCause{{Type: metav1.CauseTypeResourceVersionTooLarge, Message: "Too large resource version"}}
+	return &st
+}
+
+// statusResponse answers req with st, as the API server writes a Status.
+func statusResponse(req *http.Request, st *metav1.Status) (*http.Response, error) {
 	f, _ := negotiate(req.Header.Values("Accept"), false)
 	f.metadata = false
 	body, err := encodeStatus(f, st)
@@ -484,7 +646,10 @@ func (t *wrapTransport) refuse(req *http.Request, reason string, st *metav1.Stat
 		return nil, err
 	}
 	resp := response(req, int(st.Code), f.contentType(false), io.NopCloser(bytes.NewReader(body)), int64(len(body)))
-	if st.Code == http.StatusTooManyRequests {
+	switch {
+	case st.Details != nil && st.Details.RetryAfterSeconds > 0:
+		resp.Header.Set("Retry-After", strconv.Itoa(int(st.Details.RetryAfterSeconds)))
+	case st.Code == http.StatusTooManyRequests:
 		resp.Header.Set("Retry-After", "1")
 	}
 	return resp, nil

@@ -2,6 +2,7 @@ package wrapconfig
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -37,12 +38,14 @@ import (
 )
 
 // wrapDaemon is a daemon that accepts every Watch (sending the accepted
-// header), sends its script for the stream, then keeps it open until the
+// header, and the reset header (resetHeader, default lost) for a script
+// that starts with RESET), sends its script for the stream, then keeps it open until the
 // client leaves or end is closed; or refuses it with refuse.
 type wrapDaemon struct {
 	informerdv1.UnimplementedInformerServiceServer
 	mu       sync.Mutex // guards the fields below
 	script   []*informerdv1.Event
+	reset    string // the reset header's value; "": lost
 	refuse   error
 	requests []*informerdv1.WatchRequest
 	end      chan struct{} // closed: open streams end with UNAVAILABLE
@@ -51,12 +54,16 @@ type wrapDaemon struct {
 func (d *wrapDaemon) Watch(req *informerdv1.WatchRequest, stream informerdv1.InformerService_WatchServer) error {
 	d.mu.Lock()
 	d.requests = append(d.requests, req)
-	script, refuse, end := d.script, d.refuse, d.end
+	script, refuse, end, reset := d.script, d.refuse, d.end, d.reset
 	d.mu.Unlock()
 	if refuse != nil {
 		return refuse
 	}
-	if err := stream.SendHeader(metadata.Pairs(informerdv1.HeaderAccepted, "true")); err != nil {
+	md := metadata.Pairs(informerdv1.HeaderAccepted, "true")
+	if len(script) > 0 && script[0].GetType() == informerdv1.EventType_EVENT_TYPE_RESET {
+		md.Append(informerdv1.HeaderReset, cmp.Or(reset, informerdv1.ResetLost))
+	}
+	if err := stream.SendHeader(md); err != nil {
 		return err
 	}
 	if len(script) > 0 {
@@ -293,7 +300,9 @@ func TestWrapWatchIsDecodedByClientGo(t *testing.T) {
 			f.daemon.set(nil, podEvent(t, informerdv1.EventType_EVENT_TYPE_MODIFIED, a2, proto),
 				marker(informerdv1.EventType_EVENT_TYPE_BOOKMARK, "22"),
 				podEvent(t, informerdv1.EventType_EVENT_TYPE_DELETED, testPod("a", "23"), proto),
-				&informerdv1.Event{Type: informerdv1.EventType_EVENT_TYPE_RESET})
+				&informerdv1.Event{Type: informerdv1.EventType_EVENT_TYPE_RESET},
+				podEvent(t, informerdv1.EventType_EVENT_TYPE_ADDED, testPod("b", "29"), proto),
+				marker(informerdv1.EventType_EVENT_TYPE_SYNCED, "30"))
 			w, err := f.clientset(t, ct.contentType).CoreV1().Pods("ns").Watch(context.Background(),
 				metav1.ListOptions{ResourceVersion: a.ResourceVersion, AllowWatchBookmarks: true, TimeoutSeconds: new(int64(300))})
 			if err != nil {
@@ -313,7 +322,9 @@ func TestWrapWatchIsDecodedByClientGo(t *testing.T) {
 				t.Fatalf("third event %s %#v", ev.Type, ev.Object)
 			}
 			ev = recv(t, w)
-			if st, ok := ev.Object.(*metav1.Status); ev.Type != watch.Error || !ok || !apierrors.IsResourceExpired(apierrors.FromObject(st)) || st.Code != http.StatusGone {
+			// The API server's text: the lost position, and one it could resume from.
+			if st, ok := ev.Object.(*metav1.Status); ev.Type != watch.Error || !ok || !apierrors.IsResourceExpired(apierrors.FromObject(st)) ||
+				st.Code != http.StatusGone || st.Message != "too old resource version: 23 (30)" {
 				t.Fatalf("after RESET: %s %#v, want ERROR 410 Expired", ev.Type, ev.Object)
 			}
 			if _, ok := <-w.ResultChan(); ok {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"path"
 	"regexp"
 	"strings"
 	"time"
@@ -158,7 +159,10 @@ func newProxy(cfg *rest.Config, c *client.Client, o wrapconfig.Options, accept, 
 			http.Error(w, "Forbidden", http.StatusForbidden)
 			return
 		}
-		if matchAny(reject, r.URL.Path) {
+		// The API server matches paths segment by segment and the
+		// wrapper serves only clean paths: a rule for /api/... holds for
+		// //api/... and /api/./... too.
+		if matchAny(reject, r.URL.Path) || matchAny(reject, path.Clean("/"+r.URL.Path)) {
 			http.Error(w, "Forbidden", http.StatusForbidden)
 			return
 		}

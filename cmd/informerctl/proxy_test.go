@@ -50,6 +50,11 @@ func TestProxyFilters(t *testing.T) {
 		{http.MethodPost, "evil.example:8001", "/api/v1/namespaces/a/configmaps", http.StatusForbidden},
 		{http.MethodPost, "127.0.0.1:8001", "/api/v1/namespaces/a/pods/p/exec", http.StatusForbidden},
 		{http.MethodGet, "127.0.0.1:8001", "/api/v1/namespaces/a/pods/p/attach", http.StatusForbidden},
+		// -reject-paths hold for the paths the API server would clean.
+		{http.MethodPost, "127.0.0.1:8001", "//api/v1/namespaces/a/pods/p/exec", http.StatusForbidden},
+		{http.MethodPost, "127.0.0.1:8001", "/api/v1/namespaces/a/pods/p/./exec", http.StatusForbidden},
+		{http.MethodPost, "127.0.0.1:8001", "/api/v1/namespaces/a/pods/q/../p/exec", http.StatusForbidden},
+		{http.MethodPost, "127.0.0.1:8001", "/api/v1/namespaces/a/pods/p/%65xec", http.StatusForbidden},
 	} {
 		req := httptest.NewRequest(tc.method, "http://"+tc.host+tc.path, strings.NewReader("{}"))
 		req.Header.Set("Authorization", "Bearer caller")

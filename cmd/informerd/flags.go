@@ -35,7 +35,7 @@ type config struct {
 	recoveryWindow  time.Duration
 	// prepareSocketDir is -prepare-socket-dir's owner, if set.
 	prepareSocketDir *owner
-	keepManaged      bool
+	stripManaged     bool
 	disableWatchLst  bool
 	kubeAPIQPS       float64
 	kubeAPIBurst     int
@@ -88,15 +88,15 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.logMinAge, "log-min-age", 30*time.Second, "events younger than this stay in the log past -log-max-events; 0: no floor")
 	fs.DurationVar(&c.recoveryWindow, "recovery-window", 10*time.Second, "when the API server answers again after failing, informers waiting to retry it do so after a random delay within this window, instead of after their backoff (up to 30 s): size it so that nodes x informers per node / window is a re-list rate the API server can take (docs/scale.md); 0: off, each informer waits out its own backoff as client-go's reflector does")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 2*time.Minute, "bound on each LIST page and on a watch that brings nothing (the API server bookmarks about every minute)")
-	fs.BoolVar(&c.keepManaged, "keep-managed-fields", false, "keep metadata.managedFields in served objects")
+	fs.BoolVar(&c.stripManaged, "strip-managed-fields", false, "remove metadata.managedFields from stored and served objects (by default they are served as the API server sends them)")
 	fs.BoolVar(&c.disableWatchLst, "disable-watch-list", false, "list with LIST instead of WatchList streaming")
-	fs.Float64Var(&c.kubeAPIQPS, "kube-api-qps", 50, "queries per second to the API server for LISTs, access reviews and discovery (watches are not limited)")
+	fs.Float64Var(&c.kubeAPIQPS, "kube-api-qps", 50, "queries per second to the API server for LISTs, the daemon's own access reviews and discovery, one budget for all of them (watches, WatchList streams included, are not limited; TokenReviews and SubjectAccessReviews have -review-qps)")
 	fs.IntVar(&c.kubeAPIBurst, "kube-api-burst", 100, "burst above -kube-api-qps")
 	fs.BoolVar(&c.enablePprof, "enable-pprof", false, "serve /debug/pprof/ on -metrics-address")
 	fs.IntVar(&c.maxObjectBytes, "max-object-bytes", 8<<20, fmt.Sprintf("objects whose encoding is larger are not served (logged and counted); at most %d", maxObjectLimit))
 	fs.IntVar(&c.maxInformers, "max-informers", 512, "informers running at once, lingering ones included; at the limit a new one replaces the least recently used lingering one")
 	fs.IntVar(&c.maxPerCaller, "max-informers-per-caller", 64, "distinct informers one caller's streams may hold at once")
-	fs.Int64Var(&c.maxLogBytesAll, "max-log-bytes-total", 1<<30, "object bytes all informers' logs may hold together (each also -log-max-bytes)")
+	fs.Int64Var(&c.maxLogBytesAll, "max-log-bytes-total", 0, "object bytes all informers' logs may hold together (each also -log-max-bytes); 0: a quarter of the memory limit (GOMEMLIMIT, else the container's), or 1 GiB without one")
 	fs.DurationVar(&c.writeTimeout, "stream-write-timeout", time.Minute, "a stream whose client reads nothing for this long is ended (UNAVAILABLE; the client resumes)")
 	fs.Var(&c.addressRelated, "address-related", "a related kind for WatchAddress answers, repeatable: RESOURCE.VERSION[.GROUP],selector=PATH[,port=PATH][,field=PATH]...,\n"+
 		"for example servers.v1beta3.policy.linkerd.io,selector=spec.podSelector,port=spec.port,field=spec.proxyProtocol")
@@ -137,6 +137,12 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&l.ConnectionTimeout, "connection-timeout", 10*time.Second, "time a new connection has for its TLS handshake and HTTP/2 preface, and to make a call that passes authentication (else it is closed)")
 	fs.DurationVar(&l.MaxConnectionIdle, "max-connection-idle", 5*time.Minute, "a connection without streams for this long is closed (clients reconnect when they need to)")
 	fs.DurationVar(&l.KeepaliveMinTime, "keepalive-min-time", 20*time.Second, "shortest interval at which a client may send keepalive pings; more often closes its connection")
+	fs.Float64Var(&l.UnaryCallsPerSecond, "unary-calls-per-second", 100, "unary calls (Get, GetDiscovery, ListInformers, Version; not the health Check) per second per caller (user); beyond, and -unary-call-burst, a call waits up to -unary-call-max-wait, then gets RESOURCE_EXHAUSTED with a retry delay, which the client library waits")
+	fs.IntVar(&l.UnaryCallBurst, "unary-call-burst", 200, "burst above -unary-calls-per-second")
+	fs.IntVar(&l.UnaryCallsInFlightPerCaller, "unary-calls-in-flight-per-caller", 64, "unary calls one caller may have in flight (waiting for a token or for an informer included); more get RESOURCE_EXHAUSTED with a retry delay")
+	fs.DurationVar(&l.UnaryCallMaxWait, "unary-call-max-wait", 500*time.Millisecond, "longest a unary call waits for its caller's next token before it is refused with a retry delay")
+	fs.Float64Var(&l.NewInformersPerMinute, "new-informers-per-minute", 60, "informers one caller's requests may start per minute (a request served by a running or lingering informer starts none); beyond, and -new-informer-burst, RESOURCE_EXHAUSTED with a retry delay, and no lingering informer is stopped for it")
+	fs.IntVar(&l.NewInformerBurst, "new-informer-burst", 64, "burst above -new-informers-per-minute")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -216,7 +222,8 @@ func parseFlags(args []string) (*config, error) {
 		flag string
 		v    time.Duration
 	}{{"-token-cache-ttl", c.tokenCacheTTL}, {"-token-rejection-ttl", c.tokenRejectTTL}, {"-authz-allow-ttl", c.allowTTL}, {"-authz-deny-ttl", c.denyTTL},
-		{"-connection-timeout", l.ConnectionTimeout}, {"-max-connection-idle", l.MaxConnectionIdle}, {"-keepalive-min-time", l.KeepaliveMinTime}} {
+		{"-connection-timeout", l.ConnectionTimeout}, {"-max-connection-idle", l.MaxConnectionIdle}, {"-keepalive-min-time", l.KeepaliveMinTime},
+		{"-unary-call-max-wait", l.UnaryCallMaxWait}} {
 		if d.v <= 0 {
 			return nil, fmt.Errorf("%s %s: must be positive", d.flag, d.v)
 		}
@@ -232,7 +239,10 @@ func parseFlags(args []string) (*config, error) {
 		{"-max-status-objects-per-caller", float64(l.MaxStatusObjectsPerCaller)},
 		{"-max-selector-bytes", float64(l.MaxSelectorBytes)}, {"-max-header-bytes", float64(l.MaxHeaderBytes)},
 		{"-max-streams-per-connection", float64(l.MaxStreamsPerConnection)}, {"-max-connections", float64(l.MaxConnections)},
-		{"-max-connections-per-peer", float64(l.MaxConnectionsPerPeer)}} {
+		{"-max-connections-per-peer", float64(l.MaxConnectionsPerPeer)},
+		{"-unary-calls-per-second", l.UnaryCallsPerSecond}, {"-unary-call-burst", float64(l.UnaryCallBurst)},
+		{"-unary-calls-in-flight-per-caller", float64(l.UnaryCallsInFlightPerCaller)},
+		{"-new-informers-per-minute", l.NewInformersPerMinute}, {"-new-informer-burst", float64(l.NewInformerBurst)}} {
 		if n.v <= 0 {
 			return nil, fmt.Errorf("%s %v: must be positive", n.flag, n.v)
 		}
@@ -273,10 +283,13 @@ func parseFlags(args []string) (*config, error) {
 	for _, f := range []struct {
 		name string
 		v    int64
-	}{{"-max-informers", int64(c.maxInformers)}, {"-max-informers-per-caller", int64(c.maxPerCaller)}, {"-max-log-bytes-total", c.maxLogBytesAll}} {
+	}{{"-max-informers", int64(c.maxInformers)}, {"-max-informers-per-caller", int64(c.maxPerCaller)}} {
 		if f.v <= 0 {
 			return nil, fmt.Errorf("%s %d: must be positive", f.name, f.v)
 		}
+	}
+	if c.maxLogBytesAll < 0 {
+		return nil, fmt.Errorf("-max-log-bytes-total %d: must be positive, or 0 for a quarter of the memory limit", c.maxLogBytesAll)
 	}
 	if c.writeTimeout <= 0 {
 		return nil, fmt.Errorf("-stream-write-timeout %s: must be positive", c.writeTimeout)

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/informerd/informerd/auth"
 	"github.com/informerd/informerd/cache"
@@ -79,7 +80,16 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// One budget for every client built from restCfg (the cache's LISTs,
+	// access reviews and discovery): a RateLimiter set in a rest.Config is
+	// shared by its copies, where QPS and Burst would make one per client.
 	restCfg.QPS, restCfg.Burst = float32(c.kubeAPIQPS), c.kubeAPIBurst
+	restCfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(restCfg.QPS, restCfg.Burst)
+	if c.maxLogBytesAll == 0 {
+		limit := memoryLimit()
+		c.maxLogBytesAll = logBytesFor(limit)
+		log.Info("event logs bounded from the memory limit", "max-log-bytes-total", c.maxLogBytesAll, "memory-limit", limit)
+	}
 	reg := prometheus.NewRegistry()
 	// The GC metrics include go_gc_heap_live_bytes, the heap the last GC found
 	// live: what the informers really hold.
@@ -90,8 +100,8 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 	}
 	mgr, err := cache.NewManager(cache.Options{
 		Config: restCfg, Scope: cache.ScopeStrategy(c.scope), LingerTTL: c.lingerTTL,
-		Log:               cache.LogLimits{MaxEvents: c.logMaxEvents, MaxBytes: c.logMaxBytes, MinAge: minAge},
-		KeepManagedFields: c.keepManaged, DisableWatchList: c.disableWatchLst, UpstreamTimeout: c.upstreamTimeout,
+		Log:                cache.LogLimits{MaxEvents: c.logMaxEvents, MaxBytes: c.logMaxBytes, MinAge: minAge},
+		StripManagedFields: c.stripManaged, DisableWatchList: c.disableWatchLst, UpstreamTimeout: c.upstreamTimeout,
 		RecoveryWindow: c.recoveryWindow,
 		MaxObjectBytes: c.maxObjectBytes, MaxSources: c.maxInformers, MaxSourcesPerOwner: c.maxPerCaller, MaxLogBytes: c.maxLogBytesAll,
 		Logger: log, Registerer: reg,
@@ -231,7 +241,7 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 // other's rate limit.
 func reviewers(restCfg *rest.Config, c *config, log *slog.Logger, reg prometheus.Registerer) (*auth.Authenticator, *auth.Authorizer, error) {
 	cfg := rest.CopyConfig(restCfg)
-	cfg.QPS, cfg.Burst = float32(c.reviewQPS), c.reviewBurst
+	cfg.QPS, cfg.Burst, cfg.RateLimiter = float32(c.reviewQPS), c.reviewBurst, nil // a budget of its own
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, nil, err

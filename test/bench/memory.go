@@ -56,9 +56,10 @@ type memoryRun struct {
 	Resource string `json:"resource"` // pods or configmaps
 	Objects  int    `json:"objects"`
 	Encoding string `json:"encoding"`
-	// StoredBytesPerObject is the bytes the daemon stores per object: what
-	// the full view sends (the object as the API server sent it,
-	// managedFields cut); the metadata view stores the JSON objects.
+	// StoredBytesPerObject is the bytes of an object as the daemon serves
+	// it: what the full view sends (the object as the API server sent it,
+	// managedFields included, though the daemon stores what they repeat
+	// across objects once); the metadata view stores the JSON objects.
 	StoredBytesPerObject float64 `json:"storedBytesPerObject"`
 	// The daemon's live heap (two forced GCs) and RSS with a stream of
 	// the cluster's one Service (Empty: the daemon has loaded what it

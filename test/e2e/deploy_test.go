@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -251,7 +253,8 @@ func TestDeploy(t *testing.T) {
 }
 
 // checkDeployed checks informerd installed in namespace (its Namespace,
-// ServiceAccount informerd, ClusterRole informerd and DaemonSet) by
+// ServiceAccount informerd, ClusterRole informerd, DaemonSet, FlowSchema
+// and PriorityLevelConfiguration) by
 // running the informerd binary with the deployed ServiceAccount's
 // credentials:
 //   - the namespace is labelled Pod Security privileged; the DaemonSet's
@@ -267,6 +270,8 @@ func TestDeploy(t *testing.T) {
 //     line (informerctl watch, from its Deployment) prints its namespace's
 //     ConfigMap; and it serves a client of its own every
 //     resource the ClusterRole names, in every namespace;
+//   - the API server's Priority and Fairness classifies the daemon's
+//     LISTs into its own priority level (checkOwnFlow);
 //   - the installed RBAC is enough and nothing in it is unused: the API
 //     server's audit log shows every verb on every resource of every rule
 //     of the installed ClusterRole used by the daemon, and nothing it
@@ -292,6 +297,7 @@ func checkDeployed(ctx context.Context, t *testing.T, namespace string) {
 		t.Fatal(err)
 	}
 	kubeconfig := tokenKubeconfig(t, token)
+	checkOwnFlow(ctx, t, admin, token)
 	logs := filepath.Join(t.TempDir(), "informerd.log")
 	out, err := os.Create(logs)
 	if err != nil {
@@ -548,6 +554,47 @@ func waitFor(ctx context.Context, cond func() bool) error {
 		}
 	}
 	return nil
+}
+
+// checkOwnFlow checks that the API server's Priority and Fairness
+// classifies a LIST made with the deployed daemon's token by FlowSchema
+// informerd into PriorityLevelConfiguration informerd (the headers it
+// answers every request with name their UIDs), a level with the share
+// deploy/flowcontrol states.
+func checkOwnFlow(ctx context.Context, t *testing.T, admin kubernetes.Interface, token string) {
+	t.Helper()
+	fs, err := admin.FlowcontrolV1().FlowSchemas().Get(ctx, "informerd", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := admin.FlowcontrolV1().PriorityLevelConfigurations().Get(ctx, "informerd", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := pl.Spec.Limited; l == nil || l.NominalConcurrencyShares == nil || *l.NominalConcurrencyShares != 30 {
+		t.Errorf("PriorityLevelConfiguration informerd: %+v, want Limited with 30 nominal concurrency shares", pl.Spec)
+	}
+	cfg := rest.AnonymousClientConfig(env.RESTConfig())
+	cfg.BearerToken = token
+	rt, err := rest.TransportFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, env.APIServerURL+"/api/v1/configmaps?limit=1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the daemon's LIST: %s", resp.Status)
+	}
+	if got, got2 := resp.Header.Get("X-Kubernetes-PF-FlowSchema-UID"), resp.Header.Get("X-Kubernetes-PF-PriorityLevel-UID"); got != string(fs.UID) || got2 != string(pl.UID) {
+		t.Errorf("the daemon's LIST was classified by FlowSchema %s into priority level %s; want informerd's (%s, %s)", got, got2, fs.UID, pl.UID)
+	}
 }
 
 // tokenKubeconfig writes a kubeconfig for the test control plane that

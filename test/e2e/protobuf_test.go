@@ -26,7 +26,7 @@ import (
 
 // TestProtobufEncoding: a client that asks for protobuf gets built-in types
 // in the API server's own protobuf encoding (so the daemon watched in
-// protobuf: it never converts), without managedFields, filtered and
+// protobuf: it never converts), managedFields included, filtered and
 // projected like JSON; a typed informer runs on it and matches the API
 // server; custom resources still come as JSON; JSON and protobuf clients
 // of one resource are served by two informers.
@@ -86,8 +86,8 @@ func TestProtobufEncoding(t *testing.T) {
 			t.Fatal(err)
 		}
 		cm := obj.(*corev1.ConfigMap)
-		if cm.Labels["pick"] != "me" || cm.Data["v"] != "0" || len(cm.ManagedFields) != 0 {
-			t.Fatalf("protobuf ConfigMap: %+v; want the selected one, its data, no managedFields", cm)
+		if cm.Labels["pick"] != "me" || cm.Data["v"] != "0" || len(cm.ManagedFields) == 0 {
+			t.Fatalf("protobuf ConfigMap: %+v; want the selected one, its data, its managedFields", cm)
 		}
 	}
 	meta := snapshot(c, client.WatchOptions{Resource: configMaps, Namespace: ns, Protobuf: true, MetadataOnly: true, ClientName: "pb-meta"})

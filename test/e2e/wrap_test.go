@@ -123,7 +123,7 @@ func startInformers(ctx context.Context, t *testing.T, cfg *rest.Config, ns stri
 }
 
 // state returns what the informers hold: key -> the object without
-// managedFields (the daemon does not keep them by default), and the
+// managedFields (TestManagedFieldsServedWhole compares those), and the
 // metadata informer's key -> resourceVersion and labels.
 func (s *informerSet) state() (objs map[string]any, meta map[string]string) {
 	objs, meta = map[string]any{}, map[string]string{}

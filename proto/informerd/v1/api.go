@@ -46,6 +46,20 @@ const ReasonSensitive = "SENSITIVE_RESOURCE"
 // as the API server names it, for messages in the API server's shape.
 const ReasonDenied = "ACCESS_DENIED"
 
+// ReasonTooNew is the ErrorInfo reason of an UNAVAILABLE for a request
+// whose resourceVersion the informer did not reach within its wait (3s,
+// as the API server's watch cache); its metadata carries
+// MetadataWantResourceVersion and MetadataCurrentResourceVersion.
+const ReasonTooNew = "RESOURCE_VERSION_TOO_NEW"
+
+// MetadataWantResourceVersion is the ErrorInfo metadata key of the
+// resourceVersion a request asked for, not reached.
+const MetadataWantResourceVersion = "want_resource_version"
+
+// MetadataCurrentResourceVersion is the ErrorInfo metadata key of the
+// resourceVersion the informer had reached.
+const MetadataCurrentResourceVersion = "current_resource_version"
+
 // MetadataUser is the ErrorInfo metadata key of the caller's user name.
 const MetadataUser = "user"
 
@@ -55,3 +69,19 @@ const MetadataUser = "user"
 // that a client can tell an accepted stream that has nothing to send yet
 // from one about to fail.
 const HeaderAccepted = "informerd-accepted"
+
+// HeaderReset is a response header key of a Watch stream, sent with
+// HeaderAccepted when the requested resume point is lost: the stream
+// starts with RESET and a snapshot. Its value is ResetLost or
+// ResetNewInformer.
+const HeaderReset = "informerd-reset"
+
+// The values of HeaderReset.
+const (
+	// ResetLost: the informer ran before the request, and no longer holds
+	// the resume point.
+	ResetLost = "lost"
+	// ResetNewInformer: the request started the informer, which began
+	// after the resume point.
+	ResetNewInformer = "new-informer"
+)

@@ -84,7 +84,8 @@ type View int32
 const (
 	// VIEW_UNSPECIFIED means VIEW_FULL.
 	View_VIEW_UNSPECIFIED View = 0
-	// VIEW_FULL carries the whole object, managedFields removed.
+	// VIEW_FULL carries the whole object as the API server sent it,
+	// managedFields included unless the daemon strips them.
 	View_VIEW_FULL View = 1
 	// VIEW_METADATA carries apiVersion, kind and metadata only (in protobuf,
 	// the object's type with only its metadata field).
@@ -548,8 +549,13 @@ type WatchRequest struct {
 	// before it sends anything, so that a client that has seen a state never
 	// receives an older one (ListOptions' resourceVersionMatch=NotOlderThan).
 	NotOlderThanResourceVersion string `protobuf:"bytes,11,opt,name=not_older_than_resource_version,json=notOlderThanResourceVersion,proto3" json:"not_older_than_resource_version,omitempty"`
-	unknownFields               protoimpl.UnknownFields
-	sizeCache                   protoimpl.SizeCache
+	// existing_informer_only serves the request only from an informer the
+	// daemon already runs (or keeps lingering), failing with
+	// FAILED_PRECONDITION instead of starting one: for one-off reads that
+	// would cost the API server a new watch.
+	ExistingInformerOnly bool `protobuf:"varint,12,opt,name=existing_informer_only,json=existingInformerOnly,proto3" json:"existing_informer_only,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
@@ -657,6 +663,13 @@ func (x *WatchRequest) GetNotOlderThanResourceVersion() string {
 		return x.NotOlderThanResourceVersion
 	}
 	return ""
+}
+
+func (x *WatchRequest) GetExistingInformerOnly() bool {
+	if x != nil {
+		return x.ExistingInformerOnly
+	}
+	return false
 }
 
 // GetRequest names one object.
@@ -2206,7 +2219,7 @@ type ResourceStatus struct {
 	// object_json when it was asked for.
 	Generated []*ResourceStatus `protobuf:"bytes,9,rep,name=generated,proto3" json:"generated,omitempty"`
 	// object_json is the object the status was computed from, as the daemon's
-	// cache held it (JSON, managedFields removed unless the daemon keeps
+	// cache held it (JSON, managedFields included unless the daemon strips
 	// them), when the request set include_objects and the object exists. It
 	// is sent only with a status: a change of the object that does not change
 	// its status sends nothing.
@@ -2650,7 +2663,7 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x14GroupVersionResource\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1a\n" +
-	"\bresource\x18\x03 \x01(\tR\bresource\"\xf5\x03\n" +
+	"\bresource\x18\x03 \x01(\tR\bresource\"\xab\x04\n" +
 	"\fWatchRequest\x12>\n" +
 	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12%\n" +
@@ -2664,7 +2677,8 @@ const file_informerd_v1_informerd_proto_rawDesc = "" +
 	"\x04kind\x18\t \x01(\tR\x04kind\x122\n" +
 	"\bencoding\x18\n" +
 	" \x01(\x0e2\x16.informerd.v1.EncodingR\bencoding\x12D\n" +
-	"\x1fnot_older_than_resource_version\x18\v \x01(\tR\x1bnotOlderThanResourceVersion\"\xd5\x02\n" +
+	"\x1fnot_older_than_resource_version\x18\v \x01(\tR\x1bnotOlderThanResourceVersion\x124\n" +
+	"\x16existing_informer_only\x18\f \x01(\bR\x14existingInformerOnly\"\xd5\x02\n" +
 	"\n" +
 	"GetRequest\x12>\n" +
 	"\bresource\x18\x01 \x01(\v2\".informerd.v1.GroupVersionResourceR\bresource\x12\x12\n" +
