@@ -49,7 +49,7 @@ func apiServerPart(e string) (got, want string) {
 // "fixed by BRANCH" names the work of issue 28 that removes it.
 var diffKinds = map[string]diffKind{
 	"managedFields": {
-		"fixed by mf: managedFields served as the API server sends them, where it sends them (issue 28, item 1); with mf merged alone (without pages) objects had the same fields in another key order",
+		"managedFields as the API server sends them (issue 28, item 1): since mf they are served, but objects come back with the same fields in another key order",
 		func(e string) bool {
 			return strings.Contains(e, "managedFields") || strings.Contains(e, "the same fields in another key order")
 		},
@@ -90,7 +90,7 @@ var diffKinds = map[string]diffKind{
 		},
 	},
 	"impersonation": {
-		"fixed by wire: a request with Impersonate-* headers passes through (item 5); until then the daemon answers as its token's identity. Matches any entry: allowed only for the impersonation shapes",
+		"a request with Impersonate-* headers passes through (item 5): WrapConfig does since wire; informerctl proxy still answers it from the daemon as its token's identity, wider than the impersonated user (a 200 where the API server answers 403). Matches any entry: allowed only for the impersonation shapes",
 		func(string) bool { return true },
 	},
 	"read your writes": {
