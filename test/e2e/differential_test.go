@@ -45,58 +45,18 @@ func apiServerPart(e string) (got, want string) {
 	return e[:i], e[i+len(", API server "):]
 }
 
-// diffKinds are the differences left, each named by what removes it:
-// "fixed by BRANCH" names the work of issue 28 that removes it.
+// diffKinds are the differences left, each a deliberate one documented in
+// docs/adoption.md, named by where.
 var diffKinds = map[string]diffKind{
-	"managedFields": {
-		"managedFields as the API server sends them (issue 28, item 1): since mf they are served, but objects come back with the same fields in another key order",
-		func(e string) bool {
-			return strings.Contains(e, "managedFields") || strings.Contains(e, "the same fields in another key order")
-		},
-	},
-	"order": {
-		"fixed by pages: lists and initial watch events across namespaces in the API server's storage-key order (item 1)",
-		func(e string) bool { return strings.Contains(e, "the same in another order") },
-	},
-	"envelope": {
-		`list envelopes in the API server's key order (kind before apiVersion; a custom resource's alphabetical), custom-resource lists with "continue":"" (item 2: named in the issue, in no branch yet)`,
-		func(e string) bool {
-			return strings.Contains(e, `envelope: "apiVersion,kind,metadata,items`) || strings.Contains(e, `continue \"\"`)
-		},
-	},
 	"pagination": {
-		"fixed by pages: limit honoured, with the daemon's continue tokens and remainingItemCount (item 1)",
-		func(e string) bool { return strings.Contains(e, "page ") || strings.Contains(e, "pages of") },
+		"deliberate (docs/adoption.md, Pagination): with a selector, the API server may end a page with a continue token whose next page is empty (it counts the objects it scanned); the daemon holds only the matching objects and sends no token once none remain",
+		func(e string) bool { return strings.Contains(e, "page ") },
 	},
 	"old watch": {
-		"a watch from a resourceVersion the API server still serves answered 410 (item 1: served from the log or passed through; wire's informerd-reset header is the first step)",
+		"deliberate (docs/adoption.md, One-off reads start no informer): a watch with a field selector from a resourceVersion before the informer it starts (a reflector that listed at the API server) ends with 410, and the reflector's relist is then served by the daemon",
 		func(e string) bool {
 			got, want := apiServerPart(e)
 			return strings.Contains(e, "events:") && strings.Contains(got, "too old resource version") && !strings.Contains(want, "too old resource version")
-		},
-	},
-	"410 text": {
-		"fixed by wire: the 410's message with the current resourceVersion, \"too old resource version: X (Y)\" (item 2)",
-		func(e string) bool {
-			got, want := apiServerPart(e)
-			return strings.Contains(got, "too old resource version") && !strings.Contains(got, "(<rv>)") && strings.Contains(want, "(<rv>)")
-		},
-	},
-	"paths": {
-		"fixed by wire: a path the API server answers 404 (\"//api/...\") is passed through, never served (item 5); seen with pages merged, not on main",
-		func(e string) bool {
-			_, want := apiServerPart(e)
-			return want == `""` || want == "[]" || strings.Contains(want, "404") || strings.Contains(want, "text/plain")
-		},
-	},
-	"impersonation": {
-		"a request with Impersonate-* headers passes through (item 5): WrapConfig does since wire; informerctl proxy still answers it from the daemon as its token's identity, wider than the impersonated user (a 200 where the API server answers 403). Matches any entry: allowed only for the impersonation shapes",
-		func(string) bool { return true },
-	},
-	"read your writes": {
-		"fixed by pages: a list through the proxy after the caller's own write reflects it (item 3)",
-		func(e string) bool {
-			return strings.Contains(e, "after create") || strings.Contains(e, "after update") || strings.Contains(e, "after delete")
 		},
 	},
 }
@@ -107,106 +67,12 @@ var diffKinds = map[string]diffKind{
 // explains fails TestDifferentialAgainstAPIServer; an allowed kind that a
 // shape no longer shows is reported, to be removed as its fix lands.
 var diffAllowed = map[string][]string{
-	"list configmaps in ns":                                  {"envelope", "managedFields"},
-	"list configmaps in ns-two":                              {"envelope", "managedFields"},
-	"list configmaps in ns0":                                 {"envelope", "managedFields"},
-	"list configmaps across namespaces":                      {"envelope", "order"},
-	"list custom resources in ns":                            {"envelope", "managedFields"},
-	"list custom resources across namespaces":                {"envelope", "order"},
-	"list namespaces (cluster-scoped)":                       {"envelope", "managedFields"},
-	"list clusterroles (cluster-scoped, a group)":            {"envelope", "managedFields"},
-	"list deployments (none)":                                {"envelope"},
-	"list configmaps in a namespace that does not exist":     {"envelope"},
-	"labelSelector equality":                                 {"envelope", "order"},
-	"labelSelector double equals":                            {"envelope", "order"},
-	"labelSelector inequality":                               {"envelope", "order"},
-	"labelSelector in":                                       {"envelope", "order"},
-	"labelSelector notin":                                    {"envelope", "order"},
-	"labelSelector exists":                                   {"envelope", "order"},
-	"labelSelector does not exist":                           {"envelope"},
-	"labelSelector matching nothing":                         {"envelope"},
-	"labelSelector on a custom resource":                     {"envelope", "order"},
-	"fieldSelector metadata.name":                            {"envelope", "managedFields"},
-	"fieldSelector metadata.name inequality":                 {"envelope", "managedFields"},
-	"fieldSelector metadata.namespace across namespaces":     {"envelope", "managedFields"},
-	"fieldSelector and labelSelector":                        {"envelope", "order"},
-	"fieldSelector on a custom resource":                     {"envelope", "managedFields"},
-	"fieldSelector on namespaces":                            {"envelope", "managedFields"},
-	"list resourceVersion 0":                                 {"envelope", "managedFields"},
-	"list resourceVersion 0 across namespaces":               {"envelope", "order"},
-	"list resourceVersion NotOlderThan":                      {"envelope", "managedFields"},
-	"list resourceVersion without match":                     {"envelope", "managedFields"},
-	"limit 1 continue chain":                                 {"envelope", "pagination"},
-	"limit 2 continue chain across namespaces":               {"envelope", "pagination"},
-	"limit 1 continue chain, custom resources":               {"envelope", "pagination"},
-	"limit 1 continue chain, namespaces":                     {"envelope", "pagination"},
-	"limit 1 with a label selector":                          {"envelope", "pagination"},
-	"limit larger than the list":                             {"envelope", "managedFields"},
-	"limit 0":                                                {"envelope", "managedFields"},
-	"limit with resourceVersion 0":                           {"envelope", "managedFields"},
-	"limit with protobuf":                                    {"pagination"},
-	"list timeout parameter":                                 {"envelope", "managedFields"},
-	"protobuf list":                                          {"managedFields"},
-	"protobuf list across namespaces":                        {"order"},
-	"protobuf list of namespaces":                            {"managedFields"},
-	"protobuf or JSON list of a custom resource":             {"envelope", "managedFields"},
-	"PartialObjectMetadataList of a custom resource":         {"managedFields"},
-	"restricted: allowed namespace":                          {"envelope", "managedFields"},
-	"restricted: watch the allowed namespace":                {"old watch"},
-	"impersonating the restricted user, forbidden namespace": {"impersonation"},
-	"impersonating a user and a group":                       {"impersonation"},
-	"impersonating, watch":                                   {"impersonation"},
-	"path of a custom resource with a trailing slash":        {"envelope", "managedFields"},
-	"watch from a recent resourceVersion":                    {"old watch"},
-	"watch from a recent resourceVersion across namespaces":  {"old watch"},
-	"watch from the last resourceVersion":                    {"old watch"},
-	"watch without resourceVersion":                          {"managedFields"},
-	"watch without resourceVersion across namespaces":        {"order"},
-	"watch resourceVersion 0 across namespaces":              {"order"},
-	"watch resourceVersion 1":                                {"old watch"},
-	"allowWatchBookmarks=true":                               {"old watch"},
-	"allowWatchBookmarks=f":                                  {"old watch"},
-	"allowWatchBookmarks=false":                              {"old watch"},
-	"sendInitialEvents":                                      {"managedFields"},
-	"sendInitialEvents across namespaces":                    {"order"},
-	"sendInitialEvents custom resources":                     {"order"},
-	"sendInitialEvents from a resourceVersion":               {"managedFields"},
-	"sendInitialEvents protobuf":                             {"managedFields"},
-	"watch set-based selector across namespaces":             {"old watch"},
-	"watch fieldSelector":                                    {"old watch"},
-	"watch fieldSelector of a deleted object":                {"old watch"},
-	"watch custom resources":                                 {"410 text"},
-	"watch namespaces":                                       {"managedFields"},
-	"watch clusterroles":                                     {"managedFields"},
-	"watch protobuf":                                         {"old watch"},
-	"PartialObjectMetadataList":                              {"managedFields"},
-	"PartialObjectMetadataList across namespaces":            {"managedFields", "order"},
-	"PartialObjectMetadataList in protobuf":                  {"managedFields"},
-	"Accept */*":                                             {"envelope", "managedFields"},
-	"Accept JSON with a fallback":                            {"envelope", "managedFields"},
-	"impersonating the restricted user, allowed namespace":   {"envelope", "managedFields"},
-	"path with a trailing slash":                             {"envelope", "managedFields"},
-	"path with a percent-encoded resource":                   {"envelope", "managedFields"},
-	"path with a percent-encoded namespace":                  {"envelope", "managedFields"},
-	"watch empty":                                            {"managedFields"},
-	"path with a double leading slash":                       {"paths"},
-	"path across namespaces with a double slash":             {"paths"},
-	// The first watch of a key from before the daemon's informer began
-	// is answered by the API server on main; with pages merged it is a 410.
-	"legacy watch path":                    {"old watch"},
-	"watch=1":                              {"old watch"},
-	"watch=true":                           {"old watch"},
-	"watch=t":                              {"old watch"},
-	"watch=f":                              {"old watch"},
-	"watch=yes":                            {"old watch"},
-	"python: managedFields present":        {"managedFields"},
-	"python: pages of 2 after 5 creates":   {"pagination"},
-	"watch PartialObjectMetadata":          {"managedFields", "old watch"},
-	"watch PartialObjectMetadata protobuf": {"managedFields", "old watch"},
-	// Intermittent: the proxy's list right after its own write (issue 28 saw it in every run of 100 objects).
-	"python: names after create": {"read your writes"},
-	"python: data after update":  {"read your writes"},
-	"python: names after delete": {"read your writes"},
+	"limit 2 continue chain across namespaces": {"pagination"},
+	"limit 1 continue chain, namespaces":       {"pagination"},
+	"limit 1 with a label selector":            {"pagination"},
+	"limit with protobuf":                      {"pagination"},
+	"watch fieldSelector":                      {"old watch"},
+	"watch fieldSelector of a deleted object":  {"old watch"},
 }
 
 // diffFixture is what the table reads: three namespaces whose storage
