@@ -69,7 +69,7 @@ chaos: controlplane ## A long seeded chaos run (faults + mutations; CHAOS_DURATI
 # the machine is loaded (go.dev/issue/75804, fixed in Go 1.27); a count has
 # no deadline to race.
 FUZZTIME ?= 10000x
-FUZZ_TARGETS := ./auth:FuzzBearerToken ./cache:FuzzDecodeObject ./cache:FuzzDecodeProtoObject ./cache:FuzzWatchStream ./daemon:FuzzValidateWatch ./daemon:FuzzValidateWatchAddress ./daemon:FuzzValidateWatchStatus ./client:FuzzWatcherApply
+FUZZ_TARGETS := ./auth:FuzzBearerToken ./cache:FuzzDecodeObject ./cache:FuzzDecodeProtoObject ./cache:FuzzWatchStream ./cache:FuzzShareManagedFields ./daemon:FuzzValidateWatch ./daemon:FuzzValidateWatchAddress ./daemon:FuzzValidateWatchStatus ./client:FuzzWatcherApply
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10000x: 10,000 executions).

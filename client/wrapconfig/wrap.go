@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -605,10 +606,15 @@ func (t *wrapTransport) daemonError(req *http.Request, r *readRequest, err error
 		return nil, ctxErr
 	}
 	st := status.Convert(err)
-	reason, md := "", map[string]string(nil)
+	reason, md, retryAfter := "", map[string]string(nil), 1
 	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == informerdv1.ErrorDomain {
-			reason, md = info.GetReason(), info.GetMetadata()
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			if d.GetDomain() == informerdv1.ErrorDomain {
+				reason, md = d.GetReason(), d.GetMetadata()
+			}
+		case *errdetails.RetryInfo: // the daemon's per-caller budgets
+			retryAfter = max(1, int(math.Ceil(d.GetRetryDelay().AsDuration().Seconds())))
 		}
 	}
 	user := md[informerdv1.MetadataUser]
@@ -634,7 +640,7 @@ func (t *wrapTransport) daemonError(req *http.Request, r *readRequest, err error
 	case codes.FailedPrecondition: // no informer for a oneOff read
 		return t.pass(req, reasonOneOff, nil)
 	case codes.ResourceExhausted:
-		return t.pass(req, reasonExhausted, &apierrors.NewTooManyRequests(msg, 1).ErrStatus)
+		return t.pass(req, reasonExhausted, &apierrors.NewTooManyRequests(msg, retryAfter).ErrStatus)
 	case codes.Unauthenticated:
 		return t.pass(req, reasonAuth, &apierrors.NewUnauthorized(msg).ErrStatus)
 	}

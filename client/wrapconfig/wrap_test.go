@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -517,6 +518,29 @@ func TestWrapDaemonRefusals(t *testing.T) {
 				t.Errorf("strict: the API server got %v", got)
 			}
 		})
+	}
+}
+
+// TestWrapStrictRetryAfterIsTheDaemons: a strict config answers the
+// daemon's RESOURCE_EXHAUSTED with a 429 whose Retry-After is the delay
+// the daemon asked for (rounded up to whole seconds), so that client-go
+// waits as long as the daemon's per-caller budget needs.
+func TestWrapStrictRetryAfterIsTheDaemons(t *testing.T) {
+	st, _ := status.New(codes.ResourceExhausted, "over the caller's share").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(2300 * time.Millisecond)})
+	f := newWrapFixture(t, Options{Strict: true})
+	f.daemon.set(st.Err())
+	rt, err := rest.TransportFor(f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodGet, f.cfg.Host+"/api/v1/namespaces/b/pods", nil)
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "3" {
+		t.Errorf("got %d with Retry-After %q, want 429 with 3", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
 }
 

@@ -122,8 +122,12 @@ func regexps(list string) ([]*regexp.Regexp, error) {
 // cfg.Host go through wrapconfig.Wrap's transport, so that list and
 // watch requests are answered by the daemon (as the token's
 // ServiceAccount) and the rest go to the API server with cfg's
-// credentials. The caller's own Authorization and impersonation headers
-// are dropped: the proxy speaks for cfg's user only, as kubectl proxy.
+// credentials. The caller's own Authorization header is dropped: the
+// proxy speaks for cfg's user, as kubectl proxy. Impersonate-* headers are
+// kept, as kubectl proxy keeps them: such a request goes to the API server
+// (the wrapper never serves one), which decides whether cfg's user may
+// impersonate, so that impersonating to narrow what one reads never reads
+// more through the proxy than direct.
 func newProxy(cfg *rest.Config, c *client.Client, o wrapconfig.Options, accept, reject []*regexp.Regexp) (http.Handler, error) {
 	target, _, err := rest.DefaultServerUrlFor(cfg)
 	if err != nil {
@@ -138,11 +142,6 @@ func newProxy(cfg *rest.Config, c *client.Client, o wrapconfig.Options, accept, 
 			r.SetURL(target)
 			r.Out.Host = ""
 			r.Out.Header.Del("Authorization")
-			for k := range r.Out.Header {
-				if strings.HasPrefix(strings.ToLower(k), "impersonate-") {
-					r.Out.Header.Del(k)
-				}
-			}
 		},
 		Transport:     rt,
 		FlushInterval: -1, // watches: every event as it comes

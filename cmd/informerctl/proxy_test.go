@@ -71,8 +71,8 @@ func TestProxyFilters(t *testing.T) {
 		t.Fatalf("the API server got %q, want the 3 accepted requests", got)
 	}
 	for _, g := range got {
-		if g != "POST /api/v1/namespaces/a/configmaps Bearer kubeconfig-token " {
-			t.Errorf("the API server got %q: want the kubeconfig's token and no impersonation", g)
+		if g != "POST /api/v1/namespaces/a/configmaps Bearer kubeconfig-token admin" {
+			t.Errorf("the API server got %q: want the kubeconfig's token and the caller's impersonation", g)
 		}
 	}
 }
