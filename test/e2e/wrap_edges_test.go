@@ -110,8 +110,12 @@ func TestWrapConfigEdgesMatchAPIServer(t *testing.T) {
 	direct := env.RESTConfig()
 	wrapped := wrapconfig.Wrap(direct, c, wrapconfig.Options{Registerer: reg})
 	// The daemon's informer runs, as it does for any wrapped program, and
-	// the watches resume from its list, as a reflector's do.
-	list, err := kubernetes.NewForConfigOrDie(wrapped).CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{})
+	// the watches resume from its list, as a reflector's do: in JSON, as
+	// edgeGet asks (each format is an informer of its own, and a watch
+	// from another informer's resourceVersion is answered 410).
+	jsonCfg := rest.CopyConfig(wrapped)
+	jsonCfg.ContentType, jsonCfg.AcceptContentTypes = "application/json", "application/json"
+	list, err := kubernetes.NewForConfigOrDie(jsonCfg).CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{})
 	if err != nil || wrapCount(reg, "served") != 1 {
 		t.Fatalf("list: %v, served %v", err, wrapCount(reg, "served"))
 	}
