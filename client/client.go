@@ -165,33 +165,34 @@ func (c *Client) unreachable(err error) bool {
 // than on a growing timer is what brings a client back as soon as the
 // daemon serves, whatever the length of the outage.
 func (c *Client) awaitDaemon(ctx context.Context, most time.Duration) error {
-	giveUp := time.NewTimer(max(most, unreachablePace))
-	defer giveUp.Stop()
 	tick := time.NewTicker(unreachablePace)
 	defer tick.Stop()
 	probe := c.accepts != nil
-	for {
+	// It gives up only just after a look, never between two: the caller's
+	// next try on a connection gRPC still holds in TRANSIENT_FAILURE fails
+	// at once, and the look after it is again a pace away, not two.
+	for looks := max(1, int(most/unreachablePace)); ; looks-- {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-giveUp.C:
-			return nil
 		case <-tick.C:
 		}
 		if s := c.conn.GetState(); s == connectivity.Ready || s == connectivity.Shutdown {
 			return nil
 		}
-		if !probe || !c.accepts() {
-			continue
+		if probe && c.accepts() {
+			c.conn.ResetConnectBackoff()
+			c.conn.Connect()
+			if c.ready(ctx, unreachablePace) {
+				return nil
+			}
+			// The socket accepts but no connection comes of it (a daemon
+			// dropping them): gRPC's own backoff paces the next ones.
+			probe = false
 		}
-		c.conn.ResetConnectBackoff()
-		c.conn.Connect()
-		if c.ready(ctx, unreachablePace) {
+		if looks <= 1 {
 			return nil
 		}
-		// The socket accepts but no connection comes of it (a daemon
-		// dropping them): gRPC's own backoff paces the next ones.
-		probe = false
 	}
 }
 
