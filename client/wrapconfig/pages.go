@@ -1,7 +1,6 @@
 package wrapconfig
 
 import (
-	"container/list"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -9,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -55,76 +52,17 @@ type pageKey struct {
 
 // pagedList is the snapshot of a paginated list.
 type pagedList struct {
-	objs  [][]byte
-	bytes int64
+	objs [][]byte
 
 	mu     sync.Mutex     // guards starts
 	starts map[string]int // the start keys of the tokens issued: the index of the next object
 }
 
-type pageEntry struct {
-	key     pageKey
-	list    *pagedList
-	expires time.Time
-}
-
 // pageCache holds the snapshots of paginated lists, bounded by bytes,
-// each for pageTTL. Safe for concurrent use.
-type pageCache struct {
-	mu      sync.Mutex // guards the fields below
-	entries map[pageKey]*list.Element
-	order   *list.List // of *pageEntry, least recently used at the back
-	bytes   int64
-}
+// each for pageTTL.
+type pageCache = ttlCache[pageKey, *pagedList]
 
-func newPageCache() *pageCache {
-	return &pageCache{entries: map[pageKey]*list.Element{}, order: list.New()}
-}
-
-// add keeps l for k, unless it alone is over the bound.
-func (c *pageCache) add(k pageKey, l *pagedList, now time.Time) {
-	if l.bytes > maxPageBytes {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e, ok := c.entries[k]; ok {
-		c.remove(e)
-	}
-	c.entries[k] = c.order.PushFront(&pageEntry{key: k, list: l, expires: now.Add(pageTTL)})
-	c.bytes += l.bytes
-	for c.bytes > maxPageBytes || c.expired(c.order.Back(), now) {
-		c.remove(c.order.Back())
-	}
-}
-
-// get returns the snapshot of k, if kept.
-func (c *pageCache) get(k pageKey, now time.Time) (*pagedList, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.entries[k]
-	if !ok {
-		return nil, false
-	}
-	if c.expired(e, now) {
-		c.remove(e)
-		return nil, false
-	}
-	c.order.MoveToFront(e)
-	return e.Value.(*pageEntry).list, true
-}
-
-// expired reports whether e is past its TTL; false for nil. c.mu held.
-func (c *pageCache) expired(e *list.Element, now time.Time) bool {
-	return e != nil && !now.Before(e.Value.(*pageEntry).expires)
-}
-
-// remove drops e; c.mu held.
-func (c *pageCache) remove(e *list.Element) {
-	pe := c.order.Remove(e).(*pageEntry)
-	delete(c.entries, pe.key)
-	c.bytes -= pe.list.bytes
-}
+func newPageCache() *pageCache { return newTTLCache[pageKey, *pagedList](pageTTL, maxPageBytes) }
 
 // continueToken is the API server's continue token
 // (k8s.io/apiserver/pkg/storage.continueToken).
@@ -161,36 +99,17 @@ func decodeContinue(s string) (rv, start string, ok bool) {
 // namespace or for a cluster-scoped object, "/namespace/name" across
 // namespaces.
 func storageKey(b []byte, namespace string) (string, error) {
-	var m metav1.ObjectMeta
-	if isProtobuf(b) {
-		var u runtime.Unknown
-		if err := u.Unmarshal(b[len(protobufMagic):]); err != nil {
-			return "", err
-		}
-		var pom metav1.PartialObjectMetadata // every built-in kind has its ObjectMeta as field 1
-		if err := pom.Unmarshal(u.Raw); err != nil {
-			return "", err
-		}
-		m = pom.ObjectMeta
-	} else {
-		var j struct {
-			Metadata struct {
-				Name      string `json:"name"`
-				Namespace string `json:"namespace"`
-			} `json:"metadata"`
-		}
-		if err := json.Unmarshal(b, &j); err != nil {
-			return "", err
-		}
-		m.Name, m.Namespace = j.Metadata.Name, j.Metadata.Namespace
+	m, err := readMeta(b)
+	if err != nil {
+		return "", err
 	}
-	if m.Name == "" {
+	if m.name == "" {
 		return "", errors.New("an object without a name")
 	}
-	if namespace != "" || m.Namespace == "" {
-		return "/" + m.Name, nil
+	if namespace != "" || m.namespace == "" {
+		return "/" + m.name, nil
 	}
-	return "/" + m.Namespace + "/" + m.Name, nil
+	return "/" + m.namespace + "/" + m.name, nil
 }
 
 // listPage is one page of a list: its objects and its ListMeta.

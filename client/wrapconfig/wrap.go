@@ -83,7 +83,8 @@ func Wrap(cfg *rest.Config, c *client.Client, o Options) *rest.Config {
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = time.Second
 	}
-	t := &wrapTransport{c: c, o: o, requests: wrapRequests(o.Registerer), fresh: newFreshness(), pages: newPageCache(), disc: &wrapDiscovery{c: c}}
+	t := &wrapTransport{c: c, o: o, requests: wrapRequests(o.Registerer), resets: wrapResets(o.Registerer),
+		fresh: newFreshness(), pages: newPageCache(), left: newLeftovers(), held: &heldBudget{}, disc: &wrapDiscovery{c: c}}
 	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper {
 		t := *t // one per transport client-go builds; they share the rest
 		t.next = next
@@ -93,10 +94,28 @@ func Wrap(cfg *rest.Config, c *client.Client, o Options) *rest.Config {
 }
 
 func wrapRequests(reg prometheus.Registerer) *prometheus.CounterVec {
-	cv := prometheus.NewCounterVec(prometheus.CounterOpts{
+	return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "informerd_client_wrap_requests_total",
 		Help: "Requests through client.WrapConfig, by outcome (served, passed, fell_back, refused) and the reason one was not served.",
-	}, []string{"outcome", "reason"})
+	}, []string{"outcome", "reason"}))
+}
+
+// The outcomes of informerd_client_wrap_resets_total.
+const (
+	resetCaughtUp = "caught_up" // answered with the changes (held.go)
+	resetExpired  = "expired"   // answered with 410: the watch held nothing to compare with
+)
+
+func wrapResets(reg prometheus.Registerer) *prometheus.CounterVec {
+	return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "informerd_client_wrap_resets_total",
+		Help: "RESETs of the daemon's streams that wrapped watches received, by outcome (caught_up: answered with the changes; expired: answered with 410).",
+	}, []string{"outcome"}))
+}
+
+// register registers cv with reg, if set, or returns the collector of the
+// same name already there.
+func register(reg prometheus.Registerer, cv *prometheus.CounterVec) *prometheus.CounterVec {
 	if reg == nil {
 		return cv
 	}
@@ -117,12 +136,17 @@ type wrapTransport struct {
 	next     http.RoundTripper // cfg's own transport, with its credentials
 	o        Options
 	requests *prometheus.CounterVec
+	resets   *prometheus.CounterVec
 	disc     *wrapDiscovery
 	// fresh keeps what was served and written, so that no answer is
 	// older than either (fresh.go).
 	fresh *freshness
 	// pages keeps the snapshots of paginated lists (pages.go).
 	pages *pageCache
+	// left keeps what lists and watches left for the watches resuming
+	// from them, and held counts what watches hold (held.go).
+	left *leftovers
+	held *heldBudget
 }
 
 // RoundTrip serves req from the daemon, or passes it through.
@@ -246,9 +270,12 @@ func (t *wrapTransport) serveList(req *http.Request, r *readRequest, k kindInfo)
 			limit = 0 // the API server answers it whole, from its cache
 		}
 		resp, err := t.servePage(req, r, k, l, 0, limit, rv)
-		if err == nil && resp.StatusCode == http.StatusOK && int64(len(objs)) > limit && limit > 0 {
-			l.bytes = sizeOf(objs)
-			t.pages.add(t.pageKey(r, rv), l, time.Now())
+		if err == nil && resp.StatusCode == http.StatusOK {
+			now := time.Now()
+			if int64(len(objs)) > limit && limit > 0 {
+				t.pages.add(t.pageKey(r, rv), l, sizeOf(objs), now)
+			}
+			t.left.add(t.pageKey(r, rv), &leftover{objs: objs}, sizeOf(objs), now) // for the watch resuming from it
 		}
 		return resp, err
 	}
@@ -350,7 +377,7 @@ func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo
 		return t.pass(req, reasonStale, nil) // the initial events might not reflect this config's writes yet
 	}
 	w := &wrapWatch{t: t, sc: sc, enc: watchEncoder{f: r.format, k: k}, bookmarks: r.allowBookmarks, resume: r.resourceVersion,
-		last: r.resourceVersion, start: r.resourceVersion, deadline: deadline}
+		last: r.resourceVersion, start: r.resourceVersion, told: r.resourceVersion, deadline: deadline, key: t.pageKey(r, "")}
 	resume := ""
 	switch {
 	case r.sendInitialEvents != nil && *r.sendInitialEvents:
@@ -361,23 +388,27 @@ func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo
 	default:
 		resume = r.resourceVersion
 	}
+	if !w.skipInitial {
+		w.hold(resume)
+	}
 	s, err := t.c.Stream(ctx, opts, resume)
+	if err == nil {
+		err = s.Accepted()
+	}
 	if err != nil {
 		cancel()
+		w.release()
 		return t.daemonError(req, r, err)
 	}
-	if err := s.Accepted(); err != nil {
-		cancel()
-		return t.daemonError(req, r, err)
-	}
-	if resume != "" && s.Reset() == informerdv1.ResetLost && !t.o.Strict {
-		// The daemon's informer no longer holds the resume point: the API
-		// server may still (a young cluster's RV 1), and answers 410
-		// itself if not. An informer this watch started (the daemon
-		// restarted, or the reflector's list went to the API server as
-		// oneOff) answers 410 instead: the reflector lists again, from
-		// it, rather than watching the API server with nobody keeping
-		// that informer for its next watch.
+	if resume != "" && s.Reset() == informerdv1.ResetLost && !t.o.Strict && w.held == nil {
+		// The daemon's informer no longer holds the resume point, and this
+		// watch does not know what its caller holds: the API server may
+		// still serve it (a young cluster's RV 1), and answers 410 itself
+		// if not. An informer this watch started (the daemon restarted,
+		// or the reflector's list went to the API server as oneOff)
+		// answers 410 instead: the reflector lists again, from it, rather
+		// than watching the API server with nobody keeping that informer
+		// for its next watch.
 		cancel()
 		return t.pass(req, reasonResumeLost, nil)
 	}
@@ -409,6 +440,8 @@ type wrapWatch struct {
 
 	resume      string    // the request's resourceVersion
 	last        string    // the newest resourceVersion of the watch: the position of a bookmark
+	told        string    // the last position sent to the caller, where its reflector resumes
+	key         pageKey   // the request's shape, for what it leaves (without a position)
 	start       string    // where the watch started: the resume point, or its snapshot's
 	deadline    time.Time // timeoutSeconds' end; zero: none
 	expired     bool      // a RESET ended the watch: discard the snapshot, then answer 410
@@ -416,6 +449,11 @@ type wrapWatch struct {
 	watchList   bool      // sendInitialEvents=true: end the initial events with the initial-events-end bookmark
 	initial     bool      // the stream starts with a snapshot, until SYNCED
 	skipInitial bool      // sendInitialEvents=false: do not send the snapshot
+
+	// held is what the caller holds (held.go): nil when not known, and a
+	// RESET ends the watch with 410; fresh collects the snapshot after a
+	// RESET until its SYNCED.
+	held, fresh *held
 }
 
 // bookmarkLead is how long before timeoutSeconds ends a watch the API
@@ -431,8 +469,10 @@ const bookmarkLead = 2 * time.Second
 // A goroutine of its own receives from the stream; it ends with ctx,
 // which run cancels when it returns.
 func (w *wrapWatch) run(ctx context.Context, cancel context.CancelFunc) {
-	defer cancel()
 	defer w.out.Close()
+	defer cancel()
+	defer w.leave() // before the caller sees the end, and watches again
+
 	type batch struct {
 		evs []*informerdv1.Event
 		err error
@@ -512,8 +552,8 @@ func (w *wrapWatch) writeExpired(now string) {
 	}
 }
 
-// translate returns the frame for one event (nil for none), and whether
-// the watch ends after it.
+// translate returns the frames for one event (nil for none), and whether
+// the watch ends after them.
 func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 	rv := ev.GetResourceVersion()
 	if w.expired { // reading to the snapshot's end for its resourceVersion
@@ -532,6 +572,9 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 	case informerdv1.EventType_EVENT_TYPE_DELETED:
 		t = "DELETED"
 	case informerdv1.EventType_EVENT_TYPE_SYNCED:
+		if w.fresh != nil {
+			return w.catchUp(rv)
+		}
 		initial := w.initial
 		w.initial = false
 		w.t.saw(w.sc, rv)
@@ -542,10 +585,11 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 		if !initial || !w.watchList {
 			return nil, false, nil
 		}
+		w.told = rv
 		b, err := w.enc.bookmark(rv, true)
 		return b, false, err
 	case informerdv1.EventType_EVENT_TYPE_BOOKMARK:
-		if rv == "" || w.initial {
+		if rv == "" || w.initial || w.fresh != nil {
 			return nil, false, nil
 		}
 		w.t.saw(w.sc, rv)
@@ -553,15 +597,27 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 		if !w.bookmarks || !newer(rv, w.start) { // the watch cache sends only what is newer than the start
 			return nil, false, nil
 		}
+		w.told = rv
 		b, err := w.enc.bookmark(rv, false)
 		return b, false, err
 	case informerdv1.EventType_EVENT_TYPE_RESET:
-		if w.initial {
+		switch {
+		case w.initial:
 			return nil, false, nil // a snapshot follows, which is what was asked for
+		case w.held != nil:
+			w.fresh = &held{objs: map[heldKey]heldObject{}} // read the snapshot to its end, then send the changes
+			return nil, false, nil
 		}
+		w.t.resets.WithLabelValues(resetExpired).Inc()
 		w.expired = true // the 410 names the snapshot's resourceVersion: read to its end
 		return nil, false, nil
 	default:
+		return nil, false, nil
+	}
+	if w.fresh != nil { // the snapshot after a RESET: ADDED only
+		if err := w.fresh.put(ev.GetObject()); err != nil {
+			return w.internalError(err)
+		}
 		return nil, false, nil
 	}
 	if w.initial && w.skipInitial {
@@ -569,15 +625,128 @@ func (w *wrapWatch) translate(ev *informerdv1.Event) ([]byte, bool, error) {
 	}
 	b, err := w.enc.event(t, ev.GetObject())
 	if err != nil {
-		st := apierrors.NewInternalError(fmt.Errorf("informerd: %w", err)).ErrStatus
-		b, err = w.enc.errorEvent(&st)
-		return b, true, err
+		return w.internalError(err)
 	}
+	w.delivered(t, ev.GetObject())
 	if !w.initial {
 		w.t.saw(w.sc, rv)
 		w.advance(rv)
+		w.told = rv
 	}
 	return b, false, nil
+}
+
+// catchUp ends the snapshot after a RESET (rv is its SYNCED's): it
+// returns the frames of the changes from what the caller holds to the
+// snapshot, deletions stamped with the last position the caller was told,
+// then, if the caller takes them, a bookmark at the snapshot.
+func (w *wrapWatch) catchUp(rv string) ([]byte, bool, error) {
+	deletedAt := w.told
+	if deletedAt == "" || deletedAt == "0" {
+		deletedAt = rv
+	}
+	changes, err := w.held.changesTo(w.fresh, deletedAt)
+	if err != nil {
+		return w.internalError(err)
+	}
+	var out []byte
+	for _, c := range changes {
+		b, err := w.enc.event(c.typ, c.raw)
+		if err != nil {
+			return w.internalError(err)
+		}
+		out = append(out, b...)
+		w.told = c.rv
+	}
+	fresh := w.fresh
+	w.fresh = nil
+	w.release()
+	if w.t.held.take(fresh.bytes) {
+		w.held = fresh
+	}
+	w.t.resets.WithLabelValues(resetCaughtUp).Inc()
+	w.t.saw(w.sc, rv)
+	w.advance(rv)
+	if w.bookmarks && newer(rv, w.start) && rv != "" {
+		b, err := w.enc.bookmark(rv, false)
+		if err != nil {
+			return nil, true, err
+		}
+		out = append(out, b...)
+		w.told = rv
+	}
+	return out, false, nil
+}
+
+// internalError returns the frame of the API server's 500 for err, which
+// ends the watch.
+func (w *wrapWatch) internalError(err error) ([]byte, bool, error) {
+	st := apierrors.NewInternalError(fmt.Errorf("informerd: %w", err)).ErrStatus
+	b, err := w.enc.errorEvent(&st)
+	return b, true, err
+}
+
+// hold sets what the caller holds when the watch starts: nothing yet for
+// a watch with initial events, else what the list or watch it resumes
+// from left, if anything (then a RESET is answered with the changes).
+func (w *wrapWatch) hold(resume string) {
+	h := &held{objs: map[heldKey]heldObject{}}
+	if resume != "" {
+		k := w.key
+		k.rv = resume
+		l, ok := w.t.left.take(k, time.Now())
+		if !ok {
+			return
+		}
+		if h = l.h; h == nil {
+			var err error
+			if h, err = heldFrom(l.objs); err != nil {
+				return
+			}
+		}
+	}
+	if w.t.held.take(h.bytes) {
+		w.held = h
+	}
+}
+
+// delivered notes that the caller was sent an event of type t of obj.
+func (w *wrapWatch) delivered(t string, obj []byte) {
+	if w.held == nil {
+		return
+	}
+	before := w.held.bytes
+	var err error
+	if t == "DELETED" {
+		err = w.held.remove(obj)
+	} else {
+		err = w.held.put(obj)
+	}
+	if d := w.held.bytes - before; err != nil || !w.t.held.take(d) {
+		w.held.bytes = before // what the budget counts
+		w.release()           // what the caller holds is no longer known
+	}
+}
+
+// release gives back what the watch holds.
+func (w *wrapWatch) release() {
+	if w.held != nil {
+		w.t.held.give(w.held.bytes)
+		w.held = nil
+	}
+}
+
+// leave keeps what the caller holds for the watch that resumes from the
+// last position it was told, which its reflector starts at once.
+func (w *wrapWatch) leave() {
+	h := w.held
+	w.release()
+	if h == nil || w.initial || w.told == "" || w.told == "0" {
+		return
+	}
+	k := w.key
+	k.rv = w.told
+	w.t.left.add(k, &leftover{h: h}, h.bytes, time.Now())
 }
 
 // advance notes rv as the watch's newest position, if it is newer.
