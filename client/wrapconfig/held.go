@@ -2,15 +2,20 @@ package wrapconfig
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/informerd/informerd/internal/snapdiff"
 )
@@ -372,3 +377,196 @@ func (b *heldBudget) take(n int64) bool {
 }
 
 func (b *heldBudget) give(n int64) { b.n.Add(-n) }
+
+// heldFor returns what the caller of watch r holds, if a list or watch
+// left it for r's resume point (nil if not, or if it does not fit in the
+// budget; the caller gives its bytes back).
+func (t *wrapTransport) heldFor(r *readRequest) *held {
+	if !r.watch || r.resourceVersion == "" || r.resourceVersion == "0" || (r.sendInitialEvents != nil && *r.sendInitialEvents) {
+		return nil
+	}
+	l, ok := t.left.take(t.pageKey(r, r.resourceVersion), time.Now())
+	if !ok {
+		return nil
+	}
+	h := l.h
+	if h == nil {
+		var err error
+		if h, err = heldFrom(l.objs); err != nil {
+			return nil
+		}
+	}
+	if !t.held.take(h.bytes) {
+		return nil
+	}
+	return h
+}
+
+// maxFrameBytes bounds a frame of a passed-through watch that an
+// observedBody reads; past it, it stops reading frames.
+const maxFrameBytes = 64 << 20
+
+// observe hands h, what the caller of the watch r holds, to the watch the
+// API server answers instead of the daemon (resp): its body notes the
+// events the caller receives, and leaves what the caller holds when it
+// ends, for the watch resuming from there, which may be the daemon's
+// again. The daemon going away and coming back then costs the caller no
+// relist. Without h, or for another answer, resp is returned as it is.
+func (t *wrapTransport) observe(r *readRequest, h *held, resp *http.Response, err error) (*http.Response, error) {
+	if h == nil {
+		return resp, err
+	}
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.held.give(h.bytes)
+		return resp, err
+	}
+	ct := resp.Header.Get("Content-Type")
+	resp.Body = &observedBody{ReadCloser: resp.Body, t: t, h: h, key: t.pageKey(r, ""), told: r.resourceVersion,
+		protobuf: strings.HasPrefix(ct, mediaProtobuf)}
+	return resp, nil
+}
+
+// observedBody is the body of a watch the API server answers for the
+// daemon: as the caller reads it, it reads its frames (a JSON event per
+// line, or a protobuf one after its 4-byte length) into what the caller
+// holds. A caller may close it while another goroutine reads.
+type observedBody struct {
+	io.ReadCloser
+	t        *wrapTransport
+	key      pageKey
+	protobuf bool
+
+	mu   sync.Mutex // guards the fields below
+	h    *held      // nil once it stopped (an error, a frame it cannot read) or left
+	told string     // the last position the caller received
+	buf  []byte     // the start of a frame not yet complete
+}
+
+func (b *observedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.h != nil && n > 0 {
+		b.buf = append(b.buf, p[:n]...)
+		b.frames()
+	}
+	if err != nil {
+		b.leave()
+	}
+	return n, err
+}
+
+func (b *observedBody) Close() error {
+	b.mu.Lock()
+	b.leave()
+	b.mu.Unlock()
+	return b.ReadCloser.Close()
+}
+
+// frames reads the complete frames in b.buf; b.mu held.
+func (b *observedBody) frames() {
+	for b.h != nil {
+		var frame []byte
+		if b.protobuf {
+			if len(b.buf) < 4 {
+				return
+			}
+			size := int(binary.BigEndian.Uint32(b.buf))
+			if size > maxFrameBytes {
+				b.stop()
+				return
+			}
+			if len(b.buf) < 4+size {
+				return
+			}
+			frame, b.buf = b.buf[4:4+size], b.buf[4+size:]
+		} else {
+			i := bytes.IndexByte(b.buf, '\n')
+			if i < 0 {
+				if len(b.buf) > maxFrameBytes {
+					b.stop()
+				}
+				return
+			}
+			frame, b.buf = b.buf[:i], b.buf[i+1:]
+		}
+		b.event(frame)
+	}
+	if len(b.buf) == 0 {
+		b.buf = nil // not keep a large array for nothing
+	}
+}
+
+// event notes one frame's event; b.mu held.
+func (b *observedBody) event(frame []byte) {
+	var typ string
+	var obj []byte
+	if b.protobuf {
+		var ev metav1.WatchEvent
+		if err := ev.Unmarshal(frame); err != nil {
+			b.stop()
+			return
+		}
+		typ, obj = ev.Type, ev.Object.Raw
+	} else {
+		var ev struct {
+			Type   string          `json:"type"`
+			Object json.RawMessage `json:"object"`
+		}
+		if err := json.Unmarshal(frame, &ev); err != nil {
+			b.stop()
+			return
+		}
+		typ, obj = ev.Type, slices.Clone([]byte(ev.Object)) // held past the frame's buffer
+	}
+	if b.protobuf {
+		obj = slices.Clone(obj)
+	}
+	before := b.h.bytes
+	var err error
+	switch typ {
+	case "ADDED", "MODIFIED":
+		err = b.h.put(obj)
+	case "DELETED":
+		err = b.h.remove(obj)
+	case "BOOKMARK":
+		var m objectMeta
+		if m, err = readMeta(obj); err == nil {
+			b.told = m.resourceVersion
+		}
+		return
+	default: // ERROR: the caller lists again
+		b.stop()
+		return
+	}
+	if err != nil || !b.t.held.take(b.h.bytes-before) {
+		b.h.bytes = before
+		b.stop()
+		return
+	}
+	if m, err := readMeta(obj); err == nil {
+		b.told = m.resourceVersion
+	}
+}
+
+// stop stops noting events: what the caller holds is no longer known;
+// b.mu held.
+func (b *observedBody) stop() {
+	if b.h != nil {
+		b.t.held.give(b.h.bytes)
+		b.h, b.buf = nil, nil
+	}
+}
+
+// leave keeps what the caller holds for the watch resuming from its last
+// position (once: then it holds nothing); b.mu held.
+func (b *observedBody) leave() {
+	h := b.h
+	b.stop()
+	if h == nil || b.told == "" || b.told == "0" {
+		return
+	}
+	k := b.key
+	k.rv = b.told
+	b.t.left.add(k, &leftover{h: h}, h.bytes, time.Now())
+}

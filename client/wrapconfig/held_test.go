@@ -3,7 +3,11 @@ package wrapconfig
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -193,5 +197,77 @@ func TestHeldBudget(t *testing.T) {
 	b.give(maxHeldBytes)
 	if b.n.Load() != 0 {
 		t.Fatalf("after giving back all: %d", b.n.Load())
+	}
+}
+
+// oneByteReader reads one byte at a time: frames split anywhere.
+type oneByteReader struct{ b []byte }
+
+func (r *oneByteReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	p[0], r.b = r.b[0], r.b[1:]
+	return 1, nil
+}
+
+func (r *oneByteReader) Close() error { return nil }
+
+// TestObservedBodyLeavesWhatTheCallerHolds: a watch the API server
+// answers for the daemon notes its events, however its frames are split,
+// and leaves what the caller holds at the last position it received.
+func TestObservedBodyLeavesWhatTheCallerHolds(t *testing.T) {
+	for _, ct := range contentTypes {
+		t.Run(ct.name, func(t *testing.T) {
+			proto := ct.name == "protobuf"
+			enc := watchEncoder{f: wireFormat{protobuf: proto}, k: kindInfo{gvk: corev1.SchemeGroupVersion.WithKind("Pod"), builtin: true}}
+			var body []byte
+			frame := func(typ string, p *corev1.Pod) {
+				b, err := enc.event(typ, podBytes(t, p, proto))
+				if err != nil {
+					t.Fatal(err)
+				}
+				body = append(body, b...)
+			}
+			frame("MODIFIED", podWithUID("a", "21", "ua"))
+			frame("DELETED", podWithUID("b", "22", "ub"))
+			frame("ADDED", podWithUID("c", "23", "uc"))
+			b, err := enc.bookmark("25", false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body = append(body, b...)
+
+			tr := &wrapTransport{left: newLeftovers(), held: &heldBudget{}}
+			r := &readRequest{watch: true, resourceVersion: "20", format: wireFormat{protobuf: proto}, namespace: "ns"}
+			h, err := heldFrom([][]byte{podBytes(t, podWithUID("a", "10", "ua"), proto), podBytes(t, podWithUID("b", "11", "ub"), proto)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr.held.take(h.bytes)
+			resp := &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": []string{enc.f.contentType(true)}}, Body: &oneByteReader{body}}
+			resp, err = tr.observe(r, h, resp, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			l, ok := tr.left.take(tr.pageKey(r, "25"), time.Now())
+			if !ok || l.h == nil {
+				t.Fatal("nothing left at the bookmark's position")
+			}
+			var got []string
+			for _, e := range l.h.sorted() {
+				got = append(got, e.k.name+" "+e.o.rv)
+			}
+			if want := []string{"a 21", "c 23"}; !slices.Equal(got, want) {
+				t.Errorf("left %v, want %v", got, want)
+			}
+			if n := tr.held.n.Load(); n != 0 {
+				t.Errorf("the budget still counts %d bytes once the watch left", n)
+			}
+		})
 	}
 }

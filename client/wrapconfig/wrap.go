@@ -166,7 +166,8 @@ func (t *wrapTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	if !t.c.Connected(ctx, t.o.DialTimeout) {
-		return t.daemonError(req, r, status.Error(codes.Unavailable, "informerd is unreachable"))
+		resp, err := t.daemonError(req, r, status.Error(codes.Unavailable, "informerd is unreachable"))
+		return t.observe(r, t.heldFor(r), resp, err)
 	}
 	res, err := t.disc.lookup(ctx, r.gvr)
 	if err != nil {
@@ -388,8 +389,11 @@ func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo
 	default:
 		resume = r.resourceVersion
 	}
-	if !w.skipInitial {
-		w.hold(resume)
+	switch {
+	case resume != "":
+		w.held = t.heldFor(r)
+	case !w.skipInitial:
+		w.held = &held{objs: map[heldKey]heldObject{}} // the initial events fill it
 	}
 	s, err := t.c.Stream(ctx, opts, resume)
 	if err == nil {
@@ -397,8 +401,10 @@ func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo
 	}
 	if err != nil {
 		cancel()
-		w.release()
-		return t.daemonError(req, r, err)
+		h := w.held
+		w.held = nil
+		resp, err := t.daemonError(req, r, err)
+		return t.observe(r, h, resp, err)
 	}
 	if resume != "" && s.Reset() == informerdv1.ResetLost && !t.o.Strict && w.held == nil {
 		// The daemon's informer no longer holds the resume point, and this
@@ -684,30 +690,6 @@ func (w *wrapWatch) internalError(err error) ([]byte, bool, error) {
 	st := apierrors.NewInternalError(fmt.Errorf("informerd: %w", err)).ErrStatus
 	b, err := w.enc.errorEvent(&st)
 	return b, true, err
-}
-
-// hold sets what the caller holds when the watch starts: nothing yet for
-// a watch with initial events, else what the list or watch it resumes
-// from left, if anything (then a RESET is answered with the changes).
-func (w *wrapWatch) hold(resume string) {
-	h := &held{objs: map[heldKey]heldObject{}}
-	if resume != "" {
-		k := w.key
-		k.rv = resume
-		l, ok := w.t.left.take(k, time.Now())
-		if !ok {
-			return
-		}
-		if h = l.h; h == nil {
-			var err error
-			if h, err = heldFrom(l.objs); err != nil {
-				return
-			}
-		}
-	}
-	if w.t.held.take(h.bytes) {
-		w.held = h
-	}
 }
 
 // delivered notes that the caller was sent an event of type t of obj.
