@@ -60,6 +60,11 @@ const establishedWait = 10 * time.Second
 //   - a CRD informer of the daemon holds the resource's CRD, Established:
 //     it waits for discovery as above for up to establishedWait, then fails
 //     with ErrNotSynced (retryable), since the API server serves it.
+//
+// A resource that discovery still lists but whose CRD the Manager's watch
+// of CRDs saw deleted is ErrResourceRemoved (and ErrUnknownResource) at
+// once, and discovery is reread in the background; with
+// req.WaitForResource it is waited for as an unknown one.
 func (m *Manager) lookup(ctx context.Context, req Request) (*meta.RESTMapping, error) {
 	what := gvrString(req.GVR)
 	if req.Kind != "" {
@@ -70,13 +75,19 @@ func (m *Manager) lookup(ctx context.Context, req Request) (*meta.RESTMapping, e
 		asked := time.Now()
 		mapping, err := m.mapping(req)
 		if err == nil {
-			return mapping, nil
-		}
-		if !meta.IsNoMatchError(err) {
+			gr := mapping.Resource.GroupResource()
+			m.watchCRDs(gr)
+			if err = m.removedErr(gr); err == nil {
+				return mapping, nil
+			}
+			m.rediscoverSoon()
+			if !req.WaitForResource {
+				return nil, err
+			}
+		} else if !meta.IsNoMatchError(err) {
 			// The API server is unreachable or failing: retryable.
 			return nil, fmt.Errorf("%w: discovering %s: %w", ErrNotSynced, what, err)
-		}
-		if fresh && !req.WaitForResource {
+		} else if fresh && !req.WaitForResource {
 			if !m.crdEstablished(req) {
 				return nil, fmt.Errorf("%w: the API server does not serve %s", ErrUnknownResource, what)
 			}

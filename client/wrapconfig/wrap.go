@@ -628,6 +628,12 @@ func (t *wrapTransport) daemonError(req *http.Request, r *readRequest, err error
 			t.count(outcomeServed, "")
 			return statusResponse(req, tooLargeResourceVersion(r.resourceVersion, md[informerdv1.MetadataCurrentResourceVersion]))
 		}
+		if reason == informerdv1.ReasonCRDTerminating {
+			// The API server serves the resource until the CRD's
+			// finalizers are done, then answers 404: only it can say
+			// which. Strict: 503, as while the daemon is unavailable.
+			return t.pass(req, reasonTerminating, &apierrors.NewServiceUnavailable(msg).ErrStatus)
+		}
 	case codes.NotFound:
 		return t.pass(req, reasonNotServed, notFound())
 	case codes.PermissionDenied:

@@ -493,6 +493,7 @@ func TestWrapDaemonRefusals(t *testing.T) {
 		{"not served", status.Error(codes.NotFound, "gone"), reasonNotServed, http.StatusNotFound, "the server could not find the requested resource"},
 		{"exhausted", status.Error(codes.ResourceExhausted, "too many"), reasonExhausted, http.StatusTooManyRequests, ""},
 		{"rejected", status.Error(codes.InvalidArgument, "bad selector"), reasonRejected, http.StatusBadRequest, ""},
+		{"CRD terminating", withReason(codes.Unavailable, informerdv1.ReasonCRDTerminating, nil), reasonTerminating, http.StatusServiceUnavailable, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newWrapFixture(t, Options{})
