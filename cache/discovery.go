@@ -61,10 +61,11 @@ const establishedWait = 10 * time.Second
 //     it waits for discovery as above for up to establishedWait, then fails
 //     with ErrNotSynced (retryable), since the API server serves it.
 //
-// A resource that discovery still lists but whose CRD the Manager's watch
-// of CRDs saw deleted is ErrResourceRemoved (and ErrUnknownResource) at
-// once, and discovery is reread in the background; with
-// req.WaitForResource it is waited for as an unknown one.
+// A resource whose CRD the Manager's watch of CRDs saw deleted (and not
+// created again) is ErrResourceRemoved (and ErrUnknownResource) at once,
+// whether discovery still lists it (it is then reread in the background)
+// or not (no reread is waited for); with req.WaitForResource it is waited
+// for as an unknown one.
 func (m *Manager) lookup(ctx context.Context, req Request) (*meta.RESTMapping, error) {
 	what := gvrString(req.GVR)
 	if req.Kind != "" {
@@ -87,6 +88,10 @@ func (m *Manager) lookup(ctx context.Context, req Request) (*meta.RESTMapping, e
 		} else if !meta.IsNoMatchError(err) {
 			// The API server is unreachable or failing: retryable.
 			return nil, fmt.Errorf("%w: discovering %s: %w", ErrNotSynced, what, err)
+		} else if removed := m.removedErr(req.GVR.GroupResource()); removed != nil && req.Kind == "" && !req.WaitForResource {
+			// Its CRD was seen deleted, and not created again since: no
+			// reread can say otherwise.
+			return nil, removed
 		} else if fresh && !req.WaitForResource {
 			if !m.crdEstablished(req) {
 				return nil, fmt.Errorf("%w: the API server does not serve %s", ErrUnknownResource, what)
