@@ -163,8 +163,9 @@ func until(t *testing.T, what string, cond func() bool) {
 // subscriptions already open, read on); once it is deleted, open
 // subscriptions end with ErrResourceRemoved after what they had, new ones
 // fail with it at once, without an upstream request, discovery is reread
-// in the background, and a request that waits for the resource gets it
-// once the CRD is created again.
+// in the background (and none is waited for once it no longer lists the
+// resource), and a request that waits for the resource gets it once the
+// CRD is created again.
 func TestManagerAnswersForADeletedCRDAtOnce(t *testing.T) {
 	f := newCRDFixture(t)
 	m := f.m
@@ -225,6 +226,17 @@ func TestManagerAnswersForADeletedCRDAtOnce(t *testing.T) {
 		t.Fatalf("ResolveResource after the delete: %v, want ErrUnknownResource", err)
 	}
 	until(t, "discovery reread", func() bool { return f.mapper.resets.Load() > resets })
+
+	// Discovery no longer lists it: still at once, without a reread.
+	reread := newStaticMapper()
+	m.disc.Store(&discoveryState{mapper: reread, generation: m.DiscoveryGeneration() + 1})
+	if _, err := m.Subscribe(ctx, req); !errors.Is(err, ErrResourceRemoved) {
+		t.Fatalf("a subscription once discovery dropped the resource: %v, want ErrResourceRemoved", err)
+	}
+	if n := reread.resets.Load(); n != 0 {
+		t.Fatalf("discovery reread %d times for a resource whose CRD was seen deleted, want none", n)
+	}
+	m.disc.Store(&discoveryState{mapper: f.mapper, generation: m.DiscoveryGeneration() + 1})
 
 	waiting := req
 	waiting.WaitForResource = true
