@@ -60,6 +60,12 @@ const establishedWait = 10 * time.Second
 //   - a CRD informer of the daemon holds the resource's CRD, Established:
 //     it waits for discovery as above for up to establishedWait, then fails
 //     with ErrNotSynced (retryable), since the API server serves it.
+//
+// A resource whose CRD the Manager's watch of CRDs saw deleted (and not
+// created again) is ErrResourceRemoved (and ErrUnknownResource) at once,
+// whether discovery still lists it (it is then reread in the background)
+// or not (no reread is waited for); with req.WaitForResource it is waited
+// for as an unknown one.
 func (m *Manager) lookup(ctx context.Context, req Request) (*meta.RESTMapping, error) {
 	what := gvrString(req.GVR)
 	if req.Kind != "" {
@@ -70,13 +76,23 @@ func (m *Manager) lookup(ctx context.Context, req Request) (*meta.RESTMapping, e
 		asked := time.Now()
 		mapping, err := m.mapping(req)
 		if err == nil {
-			return mapping, nil
-		}
-		if !meta.IsNoMatchError(err) {
+			gr := mapping.Resource.GroupResource()
+			m.watchCRDs(gr)
+			if err = m.removedErr(gr); err == nil {
+				return mapping, nil
+			}
+			m.rediscoverSoon()
+			if !req.WaitForResource {
+				return nil, err
+			}
+		} else if !meta.IsNoMatchError(err) {
 			// The API server is unreachable or failing: retryable.
 			return nil, fmt.Errorf("%w: discovering %s: %w", ErrNotSynced, what, err)
-		}
-		if fresh && !req.WaitForResource {
+		} else if removed := m.removedErr(req.GVR.GroupResource()); removed != nil && req.Kind == "" && !req.WaitForResource {
+			// Its CRD was seen deleted, and not created again since: no
+			// reread can say otherwise.
+			return nil, removed
+		} else if fresh && !req.WaitForResource {
 			if !m.crdEstablished(req) {
 				return nil, fmt.Errorf("%w: the API server does not serve %s", ErrUnknownResource, what)
 			}

@@ -11,8 +11,16 @@ var (
 	// last attempt failed. The error wraps the cause.
 	ErrNotSynced = errors.New("informer has not synced")
 	// ErrResourceRemoved: the resource no longer exists upstream (for
-	// example its CustomResourceDefinition was deleted).
+	// example its CustomResourceDefinition was deleted). Where the Manager
+	// knows it from its watch of CRDs, before discovery does, the error is
+	// ErrUnknownResource as well.
 	ErrResourceRemoved = errors.New("resource removed")
+	// ErrCRDTerminating: the resource's CustomResourceDefinition is being
+	// deleted. The API server still serves it while the CRD's finalizers
+	// run, then answers 404; an informer cannot tell which it answers now,
+	// so only the API server can answer. Once the CRD is gone, requests
+	// get ErrResourceRemoved.
+	ErrCRDTerminating = errors.New("resource terminating")
 	// ErrUnknownResource: the API server does not serve the resource.
 	ErrUnknownResource = errors.New("unknown resource")
 	// ErrStopped: the Source or Manager was stopped.

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 )
 
@@ -167,10 +168,13 @@ type Manager struct {
 	// forgotten, which it guards, is when that was last done.
 	discovering chan struct{}
 	forgotten   time.Time
-	recovery    *recovery
-	log         *slog.Logger
-	metrics     *metrics
-	budget      *logBudget
+	// crds watches the CustomResourceDefinitions (nil in tests that make
+	// none), from the first lookup of a resource a CRD may serve.
+	crds     *crdWatch
+	recovery *recovery
+	log      *slog.Logger
+	metrics  *metrics
+	budget   *logBudget
 	// newUpstream makes the upstream of a Key (tests replace it).
 	newUpstream func(Key) upstream
 	ctx         context.Context // parent of every Source; ended by Close
@@ -185,6 +189,9 @@ type Manager struct {
 	// owned counts the entries each Request.Owner holds.
 	owned  map[string]int
 	closed bool
+	// rereading is set while rediscoverSoon's goroutine runs, and again
+	// when it was asked for more while it did.
+	rereading, again bool
 	// scopeCache remembers whether the daemon may watch a resource
 	// cluster-wide (ScopeAutomatic), for a minute.
 	scopeCache map[schema.GroupVersionResource]scopeDecision
@@ -268,6 +275,10 @@ func NewManager(opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
+	mc, err := metadata.NewForConfig(opts.Config)
+	if err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
+	}
 	intern := newInterner() // shared by every Source
 	newUpstream := func(key Key) upstream {
 		return &restUpstream{
@@ -279,6 +290,7 @@ func NewManager(opts Options) (*Manager, error) {
 	m := newManager(opts, nil, newUpstream)
 	m.kube = kube
 	m.dc = dc
+	m.crds = newCRDWatch(mc, m.crdDeleted)
 	m.disc.Store(newDiscoveryState(dc))
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(sourceCollector{m}); err != nil {
@@ -316,7 +328,9 @@ func newManager(opts Options, mapper resettableMapper, newUpstream func(Key) ups
 // Errors: ErrUnknownResource (wrapped, naming the resource); ErrNotSynced
 // wrapping the upstream cause when the first list failed;
 // ErrResourceRemoved when the API server no longer serves the resource
-// (discovery is then reread); ctx.Err().
+// (discovery is then reread); ErrCRDTerminating, unless req.Owner is
+// OwnerInternal, while the resource's CustomResourceDefinition is being
+// deleted; ctx.Err().
 func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, error) {
 	if req.Owner == "" {
 		return nil, errNoOwner
@@ -325,8 +339,25 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 	if err != nil {
 		return nil, err
 	}
+	if req.Owner != OwnerInternal {
+		// Whatever its informer holds, the API server may answer 404 any
+		// moment now. The daemon's own components read on: their
+		// informers end when the CRD is gone, as their readers expect.
+		if err := m.terminatingErr(key.GVR.GroupResource()); err != nil {
+			return nil, err
+		}
+	}
 	src, release, started, err := m.acquire(key, gvk, req)
 	if err != nil {
+		return nil, err
+	}
+	if err := m.removedErr(key.GVR.GroupResource()); err != nil {
+		// The CRD was deleted after the lookup, and crdDeleted may have
+		// looked for the resource's Sources before acquire added this one.
+		if started {
+			src.removed(err)
+		}
+		release()
 		return nil, err
 	}
 	req.Filter.Namespace = req.Namespace
@@ -620,11 +651,109 @@ func (m *Manager) onEvict(key Key, e *entry) {
 	}()
 }
 
+// crdDeleted ends the Sources of gr, whose CustomResourceDefinition was
+// deleted, with ErrResourceRemoved, and rereads discovery in the
+// background. Their subscribers get what was published before, then the
+// error, as when a Source finds its resource gone itself (its watch ends,
+// and the API server answers 404); the entries stay until released, as
+// those do. It holds m.mu only to find them, and takes no Source's lock.
+func (m *Manager) crdDeleted(gr schema.GroupResource) {
+	err := &removedError{msg: fmt.Sprintf("%v: %s is no longer served by the API server: its CustomResourceDefinition was deleted", ErrResourceRemoved, gr)}
+	var srcs []*Source
+	m.mu.Lock()
+	for key, e := range m.sources {
+		if key.GVR.GroupResource() == gr {
+			srcs = append(srcs, e.src)
+		}
+	}
+	m.mu.Unlock()
+	for _, src := range srcs {
+		src.removed(err)
+	}
+	m.log.Info("CustomResourceDefinition deleted: its resource is not served, its informers end", "resource", gr.String(), "informers", len(srcs))
+	m.rediscoverSoon()
+}
+
+// removedErr is the error of a request for gr if its CRD was seen
+// deleted (see crdWatch.removedErr), else nil.
+func (m *Manager) removedErr(gr schema.GroupResource) error {
+	if m.crds == nil {
+		return nil
+	}
+	return m.crds.removedErr(gr)
+}
+
+// terminatingErr is ErrCRDTerminating if gr's CRD is being deleted, else
+// nil.
+func (m *Manager) terminatingErr(gr schema.GroupResource) error {
+	if m.crds == nil {
+		return nil
+	}
+	return m.crds.terminatingErr(gr)
+}
+
+// watchCRDs starts the watch of CRDs if gr may be a custom resource (its
+// group has a dot and is not one of client-go's built-in groups) and it
+// has not started: a daemon whose clients read only built-in resources
+// never watches CRDs.
+func (m *Manager) watchCRDs(gr schema.GroupResource) {
+	if m.crds == nil || m.crds.started.Load() {
+		return
+	}
+	if _, ok := crdName(gr); !ok || scheme.Scheme.IsGroupRegistered(gr.Group) {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || m.crds.started.Load() {
+		return
+	}
+	m.crds.started.Store(true)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.crds.run(m.ctx)
+	}()
+}
+
+// rediscoverSoon rereads discovery in the background (see rediscover)
+// and returns at once. One goroutine rereads; asked again while it does,
+// it rereads once more after (at rediscover's pace), so that a reread
+// begins after every request.
+func (m *Manager) rediscoverSoon() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	if m.rereading {
+		m.again = true
+		return
+	}
+	m.rereading = true
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		for {
+			if err := m.rediscover(m.ctx, time.Now()); err != nil && m.ctx.Err() == nil {
+				m.log.Warn("rereading discovery failed; lookups retry it", "err", err)
+			}
+			m.mu.Lock()
+			again := m.again && m.ctx.Err() == nil
+			m.again, m.rereading = false, again
+			m.mu.Unlock()
+			if !again {
+				return
+			}
+		}
+	}()
+}
+
 // removeLocked stops a Source and forgets it.
 func (m *Manager) removeLocked(key Key, e *entry) {
 	delete(m.sources, key)
 	m.metrics.sources.Dec()
-	e.src.cancel() // run ends promptly; Close waits for it
+	e.src.cancel(nil) // run ends promptly; Close waits for it
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()

@@ -41,8 +41,10 @@ type Source struct {
 	up               upstream
 	log              *slog.Logger
 	hooks            *metrics
-	cancel           context.CancelFunc
-	done             chan struct{} // closed when run returns
+	// cancel ends run; a cause that is ErrResourceRemoved becomes the
+	// terminal error its subscribers get (else ErrStopped).
+	cancel context.CancelCauseFunc
+	done   chan struct{} // closed when run returns
 
 	mu     sync.Mutex // guards the fields below
 	events *eventLog
@@ -95,13 +97,16 @@ func newSource(key Key, up upstream, cfg sourceConfig) *Source {
 
 // start runs the list+watch loop until stop.
 func (s *Source) start(parent context.Context) {
-	ctx, cancel := context.WithCancel(parent)
+	ctx, cancel := context.WithCancelCause(parent)
 	s.cancel = cancel
 	go func() {
 		defer close(s.done)
 		err := s.run(ctx)
 		if err == nil || ctx.Err() != nil {
 			err = ErrStopped
+			if cause := context.Cause(ctx); errors.Is(cause, ErrResourceRemoved) {
+				err = cause
+			}
 		}
 		s.mu.Lock()
 		s.terminal = err
@@ -125,9 +130,14 @@ func (s *Source) stopped() bool {
 
 // stop ends the loop and waits for it. Subscribers get ErrStopped.
 func (s *Source) stop() {
-	s.cancel()
+	s.cancel(nil)
 	<-s.done
 }
+
+// removed ends the loop without waiting for it: its resource is gone
+// (err, an ErrResourceRemoved), which its subscribers get once they have
+// read what was published before. It takes no lock.
+func (s *Source) removed(err error) { s.cancel(err) }
 
 func (s *Source) broadcastLocked() {
 	close(s.notify)

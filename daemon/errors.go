@@ -60,7 +60,7 @@ func toStatus(err error) error {
 		code = codes.ResourceExhausted
 	case errors.Is(err, statusengine.ErrForbidden):
 		code = codes.PermissionDenied
-	case errors.Is(err, cache.ErrNotSynced), errors.Is(err, cache.ErrStopped), errors.Is(err, cache.ErrTooNew),
+	case errors.Is(err, cache.ErrNotSynced), errors.Is(err, cache.ErrStopped), errors.Is(err, cache.ErrTooNew), errors.Is(err, cache.ErrCRDTerminating),
 		errors.Is(err, errShuttingDown), errors.Is(err, errWriteTimeout), errors.Is(err, statusengine.ErrStopped),
 		errors.Is(err, auth.ErrUnavailable):
 		code = codes.Unavailable
@@ -85,6 +85,8 @@ func toStatus(err error) error {
 		reason = informerdv1.ReasonRequestTooLarge
 	case errors.Is(err, errSensitive):
 		reason = informerdv1.ReasonSensitive
+	case errors.Is(err, cache.ErrCRDTerminating):
+		reason = informerdv1.ReasonCRDTerminating
 	case errors.As(err, &ae) && errors.Is(ae.Kind, auth.ErrDenied) && ae.User != "":
 		reason, metadata = informerdv1.ReasonDenied, map[string]string{informerdv1.MetadataUser: ae.User}
 	case errors.As(err, &tn):

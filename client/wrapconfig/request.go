@@ -15,22 +15,23 @@ import (
 // Why a request is passed through to the API server: the label values of
 // informerd_client_wrap_requests_total's reason.
 const (
-	reasonMethod      = "method"        // not a GET: writes, and every other verb
-	reasonNotList     = "not_list"      // not a collection: one object, a subresource, discovery, other paths
-	reasonFormat      = "format"        // an Accept the daemon cannot answer in: as=Table, YAML, CBOR, ...
-	reasonParameter   = "parameter"     // a query parameter the daemon cannot honour exactly
-	reasonExactRV     = "exact_rv"      // resourceVersionMatch=Exact, or a continue token the wrapper did not issue (or no longer holds)
-	reasonNotServed   = "not_served"    // the API server does not serve the resource, or not list and watch
-	reasonSensitive   = "sensitive"     // the daemon does not serve the resource (-serve-sensitive)
-	reasonDenied      = "denied"        // the daemon's PERMISSION_DENIED: the API server decides
-	reasonRejected    = "rejected"      // the daemon's INVALID_ARGUMENT: the API server says why
-	reasonExhausted   = "exhausted"     // the daemon's RESOURCE_EXHAUSTED
-	reasonUnavailable = "unavailable"   // the daemon is down or cannot answer now (the outcome is fell_back)
-	reasonEncoding    = "encoding"      // the daemon sent an object that cannot go in the requested format
-	reasonAuth        = "unauthorized"  // the daemon's UNAUTHENTICATED: no or a bad informerd token
-	reasonImpersonate = "impersonation" // an Impersonate-* header: the daemon would read as its token, not as the impersonated user
-	reasonResumeLost  = "resume_lost"   // a watch from a resourceVersion the daemon no longer holds: the API server may
-	reasonOneOff      = "one_off"       // a list with a field selector that no informer of the daemon serves: no new one for it
+	reasonMethod      = "method"          // not a GET: writes, and every other verb
+	reasonNotList     = "not_list"        // not a collection: one object, a subresource, discovery, other paths
+	reasonFormat      = "format"          // an Accept the daemon cannot answer in: as=Table, YAML, CBOR, ...
+	reasonParameter   = "parameter"       // a query parameter the daemon cannot honour exactly
+	reasonExactRV     = "exact_rv"        // resourceVersionMatch=Exact, or a continue token the wrapper did not issue (or no longer holds)
+	reasonNotServed   = "not_served"      // the API server does not serve the resource, or not list and watch
+	reasonSensitive   = "sensitive"       // the daemon does not serve the resource (-serve-sensitive)
+	reasonDenied      = "denied"          // the daemon's PERMISSION_DENIED: the API server decides
+	reasonRejected    = "rejected"        // the daemon's INVALID_ARGUMENT: the API server says why
+	reasonExhausted   = "exhausted"       // the daemon's RESOURCE_EXHAUSTED
+	reasonUnavailable = "unavailable"     // the daemon is down or cannot answer now (the outcome is fell_back)
+	reasonEncoding    = "encoding"        // the daemon sent an object that cannot go in the requested format
+	reasonAuth        = "unauthorized"    // the daemon's UNAUTHENTICATED: no or a bad informerd token
+	reasonImpersonate = "impersonation"   // an Impersonate-* header: the daemon would read as its token, not as the impersonated user
+	reasonResumeLost  = "resume_lost"     // a watch from a resourceVersion the daemon no longer holds: the API server may
+	reasonOneOff      = "one_off"         // a list with a field selector that no informer of the daemon serves: no new one for it
+	reasonTerminating = "crd_terminating" // the resource's CustomResourceDefinition is being deleted: the API server says when it is gone
 )
 
 // readRequest is a list or watch GET that the daemon may answer.

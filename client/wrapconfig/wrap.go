@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -179,7 +180,7 @@ func (t *wrapTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	switch {
 	case res == nil || (r.namespace != "" && !res.GetNamespaced()):
-		return t.pass(req, reasonNotServed, notFound())
+		return t.passNotFound(req, r.gvr.GroupVersion())
 	case !slices.Contains(res.GetVerbs(), verb):
 		return t.pass(req, reasonNotServed, &apierrors.NewMethodNotSupported(r.gvr.GroupResource(), verb).ErrStatus)
 	}
@@ -779,8 +780,14 @@ func (t *wrapTransport) daemonError(req *http.Request, r *readRequest, err error
 			t.count(outcomeServed, "")
 			return statusResponse(req, tooLargeResourceVersion(r.resourceVersion, md[informerdv1.MetadataCurrentResourceVersion]))
 		}
+		if reason == informerdv1.ReasonCRDTerminating {
+			// The API server serves the resource until the CRD's
+			// finalizers are done, then answers 404: only it can say
+			// which. Strict: 503, as while the daemon is unavailable.
+			return t.pass(req, reasonTerminating, &apierrors.NewServiceUnavailable(msg).ErrStatus)
+		}
 	case codes.NotFound:
-		return t.pass(req, reasonNotServed, notFound())
+		return t.passNotFound(req, r.gvr.GroupVersion())
 	case codes.PermissionDenied:
 		if reason == informerdv1.ReasonSensitive {
 			return t.pass(req, reasonSensitive, forbidden(r, user, msg))
@@ -802,7 +809,28 @@ func (t *wrapTransport) daemonError(req *http.Request, r *readRequest, err error
 	return t.next.RoundTrip(req)
 }
 
-// notFound is the API server's answer for a resource it does not serve.
+// passNotFound passes req, for a resource the API server does not serve
+// in gv, through, or with Strict answers the API server's 404: a Status
+// where it serves gv with its built-in handlers (client-go's built-in
+// group versions), and elsewhere (custom resources, a deleted CRD's
+// included, and group versions it does not serve) its mux's answer, Go's
+// "404 page not found".
+func (t *wrapTransport) passNotFound(req *http.Request, gv schema.GroupVersion) (*http.Response, error) {
+	if !t.o.Strict || scheme.Scheme.IsVersionRegistered(gv) {
+		return t.pass(req, reasonNotServed, notFound())
+	}
+	t.count(outcomeRefused, reasonNotServed)
+	if req.Body != nil {
+		_ = req.Body.Close() // RoundTrip closes the body, even on errors
+	}
+	const body = "404 page not found\n"
+	resp := response(req, http.StatusNotFound, "text/plain; charset=utf-8", io.NopCloser(strings.NewReader(body)), int64(len(body)))
+	resp.Header.Set("X-Content-Type-Options", "nosniff")
+	return resp, nil
+}
+
+// notFound is the API server's answer for a resource it does not serve in
+// a group version of its built-in handlers.
 func notFound() *metav1.Status {
 	return &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Reason: metav1.StatusReasonNotFound,
 		Message: "the server could not find the requested resource", Details: &metav1.StatusDetails{}}

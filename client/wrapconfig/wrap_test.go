@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -493,6 +494,7 @@ func TestWrapDaemonRefusals(t *testing.T) {
 		{"not served", status.Error(codes.NotFound, "gone"), reasonNotServed, http.StatusNotFound, "the server could not find the requested resource"},
 		{"exhausted", status.Error(codes.ResourceExhausted, "too many"), reasonExhausted, http.StatusTooManyRequests, ""},
 		{"rejected", status.Error(codes.InvalidArgument, "bad selector"), reasonRejected, http.StatusBadRequest, ""},
+		{"CRD terminating", withReason(codes.Unavailable, informerdv1.ReasonCRDTerminating, nil), reasonTerminating, http.StatusServiceUnavailable, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newWrapFixture(t, Options{})
@@ -656,5 +658,44 @@ func TestParsePath(t *testing.T) {
 		if ok != tc.ok || (ok && (gvr != tc.gvr || ns != tc.ns)) {
 			t.Errorf("parsePath(%q) = %v %q %v", tc.path, gvr, ns, ok)
 		}
+	}
+}
+
+// TestWrapStrictNotFoundIsTheAPIServers: a strict config answers the
+// daemon's NOT_FOUND as the API server answers for a resource it does not
+// serve: for a custom resource (a deleted CRD's), its mux's plain "404
+// page not found", for a built-in group version a Status.
+func TestWrapStrictNotFoundIsTheAPIServers(t *testing.T) {
+	for _, tc := range []struct {
+		path, contentType, body string
+	}{
+		{"/apis/example.com/v1/namespaces/b/widgets", "text/plain; charset=utf-8", "404 page not found\n"},
+		{"/api/v1/namespaces/b/pods", "application/json", `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"the server could not find the requested resource","reason":"NotFound","details":{},"code":404}`},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			f := newWrapFixture(t, Options{Strict: true})
+			f.daemon.set(status.Error(codes.NotFound, "its CustomResourceDefinition was deleted"))
+			rt, err := rest.TransportFor(f.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req, _ := http.NewRequest(http.MethodGet, f.cfg.Host+tc.path, nil)
+			req.Header.Set("Accept", "application/json, */*")
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusNotFound || resp.Header.Get("Content-Type") != tc.contentType || string(body) != tc.body {
+				t.Errorf("got %d %q %q, want 404 %q %q", resp.StatusCode, resp.Header.Get("Content-Type"), body, tc.contentType, tc.body)
+			}
+			if got := f.count(outcomeRefused, reasonNotServed); got != 1 {
+				t.Errorf("refused for not_served: %v, want 1", got)
+			}
+			if got := f.api.got(); len(got) != 0 {
+				t.Errorf("the API server got %v", got)
+			}
+		})
 	}
 }

@@ -52,6 +52,14 @@ const ReasonDenied = "ACCESS_DENIED"
 // MetadataWantResourceVersion and MetadataCurrentResourceVersion.
 const ReasonTooNew = "RESOURCE_VERSION_TOO_NEW"
 
+// ReasonCRDTerminating is the ErrorInfo reason of an UNAVAILABLE for a
+// custom resource whose CustomResourceDefinition is being deleted: the
+// API server serves it until the CRD's finalizers are done, then answers
+// 404, and only it knows which it answers now. A client that can ask the
+// API server (WrapConfig) does; the daemon answers NOT_FOUND once the CRD
+// is gone.
+const ReasonCRDTerminating = "CRD_TERMINATING"
+
 // MetadataWantResourceVersion is the ErrorInfo metadata key of the
 // resourceVersion a request asked for, not reached.
 const MetadataWantResourceVersion = "want_resource_version"
