@@ -27,15 +27,16 @@ import (
 // TestLogBudgetKeepsTheChartsMemoryLimit: the daemon, run with the memory
 // settings deploy/ gives its container (and so the chart, which
 // TestHelmChartMatchesKustomize holds to them: GOMEMLIMIT, and the default
-// -max-log-bytes-total that follows from it), churns big ConfigMaps through
-// several informers, well past what its event logs may hold together, and
-// its anonymous memory (what an OOM kill at the container's limit counts;
+// -max-log-bytes-total that follows from it), holds big ConfigMaps in
+// several informers, most of its Go memory limit, and churns them well past
+// what its event logs may hold together; its anonymous memory (what an OOM kill at the container's limit counts;
 // the binary's pages can be dropped) stays under the container's memory
 // limit. A bystander watching the churned namespace is served through it
 // to the last write, without a RESET.
 //
 // INFORMERD_E2E_LOGBUDGET_WRITES sets the writes (default 150, of 900 KiB
-// each); INFORMERD_E2E_LOGBUDGET_FLAGS adds daemon flags, for contrast
+// each), INFORMERD_E2E_LOGBUDGET_OBJECTS the ConfigMaps they go to (40);
+// INFORMERD_E2E_LOGBUDGET_FLAGS adds daemon flags, for contrast
 // (-max-log-bytes-total=1073741824 is expected to fail the test).
 func TestLogBudgetKeepsTheChartsMemoryLimit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -49,10 +50,15 @@ func TestLogBudgetKeepsTheChartsMemoryLimit(t *testing.T) {
 
 	// objects ConfigMaps of 900 KiB, written in turn. Besides the
 	// bystander's informer of the namespace, informers-1 informers of
-	// field selectors that match them all (an informer each, each with a
-	// log of its own) receive every write: their logs together would hold
-	// 8 x 64 MiB (-log-max-bytes each) if the budget did not bound them.
-	const objects, informers = 4, 8
+	// field selectors that match them all (an informer each, with a store
+	// and a log of its own) receive every write. The stores hold 8 x 35
+	// MiB, most of the Go memory limit; the logs together would hold 8 x
+	// 64 MiB (-log-max-bytes each) if the budget did not bound them.
+	const informers = 8
+	objects := 40
+	if v := os.Getenv("INFORMERD_E2E_LOGBUDGET_OBJECTS"); v != "" {
+		objects, _ = strconv.Atoi(v)
+	}
 	body := strings.Repeat("informerd ", 900<<10/10)
 	ns := createNamespace(ctx, t, "logbudget")
 	for i := range objects {
