@@ -290,6 +290,25 @@ func TestHelmChartValues(t *testing.T) {
 			t.Errorf("env %v, want GOMEMLIMIT=900MiB", env)
 		}
 	})
+	t.Run("GOMEMLIMIT from the memory limit", func(t *testing.T) {
+		// 7/8 of the limit, as the daemon derives it when it reads only
+		// the container's (cmd/informerd/memory.go).
+		for _, tt := range []struct{ limit, want string }{
+			{"512Mi", "448MiB"}, {"1Gi", "896MiB"}, {"536870912", "448MiB"}, {"1000M", "875000000"},
+		} {
+			c := container(t, podSpec(t, helmTemplate(t, "resources.limits.memory="+tt.limit)), false)
+			env := c["env"].([]any)
+			if !slices.ContainsFunc(env, func(e any) bool { return reflect.DeepEqual(e, map[string]any{"name": "GOMEMLIMIT", "value": tt.want}) }) {
+				t.Errorf("limit %s: env %v, want GOMEMLIMIT=%s", tt.limit, env, tt.want)
+			}
+		}
+		c := container(t, podSpec(t, helmTemplate(t, "resources.limits=null")), false)
+		for _, e := range c["env"].([]any) {
+			if at(e, "name") == "GOMEMLIMIT" {
+				t.Errorf("without a memory limit: %v, want no GOMEMLIMIT", e)
+			}
+		}
+	})
 	t.Run("flags", func(t *testing.T) {
 		related := "servers.v1beta3.policy.linkerd.io,selector=spec.podSelector,port=spec.port"
 		objs := helmTemplate(t, "serveSensitive={secrets,certificatesigningrequests.certificates.k8s.io}",
@@ -363,6 +382,7 @@ func TestHelmChartValues(t *testing.T) {
 		{[]string{"metrics.serviceMonitor.enabled=true"}, "need tls.enabled"},
 		{[]string{"tls.enabled=true", "tls.certManager.enabled=true"}, "tls.certManager.issuerRef.name"},
 		{[]string{"metrics.readerServiceAccount.name=prometheus"}, "metrics.readerServiceAccount.namespace"},
+		{[]string{"resources.limits.memory=0.5Gi"}, "set goMemLimit"},
 	} {
 		if _, err := helmRun(t, tt.set...); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("helm template --set %v: %v; want an error naming %q", tt.set, err, tt.want)

@@ -96,7 +96,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.maxObjectBytes, "max-object-bytes", 8<<20, fmt.Sprintf("objects whose encoding is larger are not served (logged and counted); at most %d", maxObjectLimit))
 	fs.IntVar(&c.maxInformers, "max-informers", 512, "informers running at once, lingering ones included; at the limit a new one replaces the least recently used lingering one")
 	fs.IntVar(&c.maxPerCaller, "max-informers-per-caller", 64, "distinct informers one caller's streams may hold at once")
-	fs.Int64Var(&c.maxLogBytesAll, "max-log-bytes-total", 0, "object bytes all informers' logs may hold together (each also -log-max-bytes); 0: a quarter of the memory limit (GOMEMLIMIT, else the container's), or 1 GiB without one")
+	fs.Int64Var(&c.maxLogBytesAll, "max-log-bytes-total", 0, "object bytes all informers' logs may hold together (each also -log-max-bytes); 0: a quarter of the Go memory limit (GOMEMLIMIT, else 7/8 of the container's memory limit, which the daemon then sets as the Go limit), or 1 GiB without one")
 	fs.DurationVar(&c.writeTimeout, "stream-write-timeout", time.Minute, "a stream whose client reads nothing for this long is ended (UNAVAILABLE; the client resumes)")
 	fs.Var(&c.addressRelated, "address-related", "a related kind for WatchAddress answers, repeatable: RESOURCE.VERSION[.GROUP],selector=PATH[,port=PATH][,field=PATH]...,\n"+
 		"for example servers.v1beta3.policy.linkerd.io,selector=spec.podSelector,port=spec.port,field=spec.proxyProtocol")
@@ -289,7 +289,7 @@ func parseFlags(args []string) (*config, error) {
 		}
 	}
 	if c.maxLogBytesAll < 0 {
-		return nil, fmt.Errorf("-max-log-bytes-total %d: must be positive, or 0 for a quarter of the memory limit", c.maxLogBytesAll)
+		return nil, fmt.Errorf("-max-log-bytes-total %d: must be positive, or 0 for a quarter of the Go memory limit", c.maxLogBytesAll)
 	}
 	if c.writeTimeout <= 0 {
 		return nil, fmt.Errorf("-stream-write-timeout %s: must be positive", c.writeTimeout)

@@ -85,10 +85,14 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 	// shared by its copies, where QPS and Burst would make one per client.
 	restCfg.QPS, restCfg.Burst = float32(c.kubeAPIQPS), c.kubeAPIBurst
 	restCfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(restCfg.QPS, restCfg.Burst)
+	mem := readMemoryLimits()
+	mem.apply()
 	if c.maxLogBytesAll == 0 {
-		limit := memoryLimit()
-		c.maxLogBytesAll = logBytesFor(limit)
-		log.Info("event logs bounded from the memory limit", "max-log-bytes-total", c.maxLogBytesAll, "memory-limit", limit)
+		c.maxLogBytesAll = mem.logBytes()
+	}
+	log.Info("memory limits", "container-limit", mem.container, "go-memory-limit", mem.goLimit, "from", mem.source(), "max-log-bytes-total", c.maxLogBytesAll)
+	if mem.tight() {
+		log.Warn("GOMEMLIMIT leaves less than 1/8 of the container's memory limit to what the Go runtime does not count: the container may be OOM-killed before the runtime collects harder; set it to 7/8 of the limit or less", "GOMEMLIMIT", mem.goLimit, "container-limit", mem.container)
 	}
 	reg := prometheus.NewRegistry()
 	// The GC metrics include go_gc_heap_live_bytes, the heap the last GC found

@@ -63,6 +63,7 @@ type daemonProc struct {
 	metrics string // http://127.0.0.1:port
 	args    []string
 	out     io.Writer // the process's stdout and stderr; nil: os.Stderr
+	env     []string  // added to the test's environment
 	cmd     *exec.Cmd
 	done    chan struct{}
 	// scraper is a token allowed to get /metrics and the heap profile,
@@ -83,6 +84,13 @@ func startDaemonProcess(t *testing.T, socket string, flags ...string) *daemonPro
 // the default (for example -kubeconfig).
 func startDaemonProcessTo(t *testing.T, socket string, out io.Writer, flags ...string) *daemonProc {
 	t.Helper()
+	return startDaemonProcessEnv(t, socket, out, nil, flags...)
+}
+
+// startDaemonProcessEnv is startDaemonProcessTo with environ
+// ("NAME=value") added to the process's environment.
+func startDaemonProcessEnv(t *testing.T, socket string, out io.Writer, environ []string, flags ...string) *daemonProc {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +99,7 @@ func startDaemonProcessTo(t *testing.T, socket string, out io.Writer, flags ...s
 	l.Close()
 	args := append([]string{"-kubeconfig", env.KubeconfigPath, "-socket", socket, "-metrics-address", addr, "-log-level", "warn",
 		"-node-name", controlplane.FakeNodeName}, flags...)
-	d := &daemonProc{t: t, socket: socket, metrics: "http://" + addr, args: args, out: out}
+	d := &daemonProc{t: t, socket: socket, metrics: "http://" + addr, args: args, out: out, env: environ}
 	d.start()
 	t.Cleanup(func() { d.signal(syscall.SIGTERM) })
 	return d
@@ -103,6 +111,9 @@ func (d *daemonProc) start() {
 	d.cmd.Stdout, d.cmd.Stderr = d.out, d.out
 	if d.out == nil {
 		d.cmd.Stdout, d.cmd.Stderr = os.Stderr, os.Stderr
+	}
+	if d.env != nil {
+		d.cmd.Env = append(os.Environ(), d.env...)
 	}
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := d.cmd.Start(); err != nil {
