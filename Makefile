@@ -171,7 +171,7 @@ CRSUITES_SUITES ?= cache client
 CRSUITES_MODES ?= direct wrapped wrapped nowatchlist
 
 .PHONY: crsuites
-crsuites: controlplane ## controller-runtime's own envtest suites (pkg/cache, pkg/client) direct vs through wrapconfig.Wrap, spec by spec (about 30 min; not part of make test).
+crsuites: controlplane ## controller-runtime's own envtest suites (pkg/cache, pkg/client) direct vs through wrapconfig.Wrap, spec by spec (about 20 min; not part of make test).
 	CRSUITES_SUITES='$(CRSUITES_SUITES)' CRSUITES_MODES='$(CRSUITES_MODES)' hack/crsuites/run.sh
 
 $(BIN)/buf $(BIN)/golangci-lint: hack/tools/go.mod hack/tools/go.sum
