@@ -165,6 +165,15 @@ bench-memory: controlplane build ## Daemon heap and RSS per stored object at 10,
 bench-go: ## The Go benchmarks (fan-out over Unix sockets vs the raw baseline, the cache, address answers, status per Pod event) with -benchmem.
 	$(GO) test -run '^$$' -bench '$(BENCH_GO)' -benchmem -benchtime $(BENCH_TIME) -count $(BENCH_COUNT) ./daemon ./cache ./client ./address ./status
 
+# CRSUITES_SUITES and CRSUITES_MODES choose what `make crsuites` runs (see
+# hack/crsuites/run.sh), e.g. CRSUITES_SUITES=client CRSUITES_MODES="direct wrapped".
+CRSUITES_SUITES ?= cache client
+CRSUITES_MODES ?= direct wrapped wrapped nowatchlist
+
+.PHONY: crsuites
+crsuites: controlplane ## controller-runtime's own envtest suites (pkg/cache, pkg/client) direct vs through wrapconfig.Wrap, spec by spec (about 20 min; not part of make test).
+	CRSUITES_SUITES='$(CRSUITES_SUITES)' CRSUITES_MODES='$(CRSUITES_MODES)' hack/crsuites/run.sh
+
 $(BIN)/buf $(BIN)/golangci-lint: hack/tools/go.mod hack/tools/go.sum
 	cd hack/tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
