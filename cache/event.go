@@ -210,12 +210,18 @@ func (e *Event) size() int64 {
 type Filter struct {
 	// Namespace, if set, admits only objects in it.
 	Namespace string
+	// Name, if set, admits only the object of that name: a field
+	// selector of one object (metadata.name=NAME) served from an informer
+	// of all of them (Manager.Subscribe).
+	Name string
 	// Labels, if set, admits only objects whose labels it matches.
 	Labels labels.Selector
 }
 
-func (f Filter) matches(ns string, l labels.Set) bool {
-	if f.Namespace != "" && ns != f.Namespace {
+// matches reports whether f admits o with labels l (o's own, or those it
+// had at another point).
+func (f Filter) matches(o *Object, l labels.Set) bool {
+	if (f.Namespace != "" && o.Namespace != f.Namespace) || (f.Name != "" && o.Name != f.Name) {
 		return false
 	}
 	return f.Labels == nil || f.Labels.Empty() || f.Labels.Matches(l)
@@ -226,13 +232,13 @@ func (f Filter) matches(ns string, l labels.Set) bool {
 func (f Filter) apply(e *Event) *Event {
 	switch e.Type {
 	case Added, Deleted:
-		if f.matches(e.Object.Namespace, e.Object.Labels) {
+		if f.matches(e.Object, e.Object.Labels) {
 			return e
 		}
 		return nil
 	case Modified:
-		before := f.matches(e.Object.Namespace, e.labelsBefore())
-		after := f.matches(e.Object.Namespace, e.Object.Labels)
+		before := f.matches(e.Object, e.labelsBefore())
+		after := f.matches(e.Object, e.Object.Labels)
 		switch {
 		case before && after:
 			return e
@@ -256,14 +262,14 @@ func (f Filter) catchUp(c change, from mark) *Event {
 	st := c.st
 	if st.deleted() {
 		o := st.ev.Object
-		if st.created.after(from) || !f.matches(o.Namespace, labelsAt(st.hist, o.Labels, from)) {
+		if st.created.after(from) || !f.matches(o, labelsAt(st.hist, o.Labels, from)) {
 			return nil // created since, or never matched: never seen
 		}
 		return st.ev.copyAs(Deleted)
 	}
 	o := st.ev.Object
-	now := f.matches(o.Namespace, o.Labels)
-	then := !st.created.after(from) && f.matches(o.Namespace, labelsAt(st.hist, o.Labels, from))
+	now := f.matches(o, o.Labels)
+	then := !st.created.after(from) && f.matches(o, labelsAt(st.hist, o.Labels, from))
 	switch {
 	case then && now:
 		return st.ev.copyAs(Modified)

@@ -23,6 +23,8 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+
+	"github.com/informerd/informerd/internal/fieldsel"
 )
 
 // ScopeStrategy decides which upstream scope serves a namespaced request,
@@ -339,6 +341,13 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 	if err != nil {
 		return nil, err
 	}
+	if name, ok := fieldsel.OneObject(key.FieldSelector, req.Namespace); ok {
+		// One object's field selector: an informer of them all serves it
+		// if one runs, and no informer of its own lingers for it.
+		if broad, ok := m.broader(key, req.Namespace); ok {
+			key, req.Filter.Name = broad, name
+		}
+	}
 	if req.Owner != OwnerInternal {
 		// Whatever its informer holds, the API server may answer 404 any
 		// moment now. The daemon's own components read on: their
@@ -478,6 +487,21 @@ func (m *Manager) resolve(ctx context.Context, req Request) (Key, schema.GroupVe
 		}
 	}
 	return key, gvk, nil
+}
+
+// broader returns the Key of a running Source without key's field
+// selector that holds what key selects in namespace: one of namespace, or
+// of every namespace.
+func (m *Manager) broader(key Key, namespace string) (Key, bool) {
+	for _, ns := range []string{namespace, ""} {
+		if k := (Key{GVR: key.GVR, Namespace: ns, Protobuf: key.Protobuf}); m.running(k) {
+			return k, true
+		}
+		if namespace == "" {
+			break
+		}
+	}
+	return Key{}, false
 }
 
 // running reports whether a Source for key runs and can serve.

@@ -170,12 +170,18 @@ type snapshot struct {
 	objs  *btree.BTreeG[objItem]
 	next  objItem // the first entry not read yet
 	ns    string  // "" for every namespace
+	name  string  // within ns, the one object to read; "" for every one
 	reset bool    // Reset not sent yet
 	pos   string  // the position Synced carries
 }
 
 func newSnapshot(l *eventLog, f Filter, reset bool) *snapshot {
-	return &snapshot{objs: l.frozenObjects(), next: objAt(f.Namespace, ""), ns: f.Namespace, reset: reset, pos: l.lastPos}
+	r := &snapshot{objs: l.frozenObjects(), ns: f.Namespace, reset: reset, pos: l.lastPos}
+	if f.Namespace != "" {
+		r.name = f.Name // one namespace is one range, and its names are in order
+	}
+	r.next = objAt(r.ns, r.name)
+	return r
 }
 
 func (r *snapshot) read(f Filter, max int) ([]*Event, bool) {
@@ -185,7 +191,7 @@ func (r *snapshot) read(f Filter, max int) ([]*Event, bool) {
 	}
 	done, scanned := true, 0
 	r.objs.AscendGreaterOrEqual(r.next, func(it objItem) bool {
-		if r.ns != "" && it.object().Namespace != r.ns {
+		if o := it.object(); (r.ns != "" && o.Namespace != r.ns) || (r.name != "" && o.Name != r.name) {
 			return false
 		}
 		if len(evs) >= max || scanned == scanChunk {
@@ -193,7 +199,7 @@ func (r *snapshot) read(f Filter, max int) ([]*Event, bool) {
 			return false
 		}
 		scanned++
-		if o := it.object(); f.matches(o.Namespace, o.Labels) {
+		if o := it.object(); f.matches(o, o.Labels) {
 			evs = append(evs, it.st.ev.copyAs(Added))
 		}
 		return true
@@ -262,7 +268,7 @@ func (s *Subscription) Get(namespace, name string) (*Object, bool) {
 	s.src.mu.Lock()
 	st := s.src.events.get(namespace, name)
 	s.src.mu.Unlock()
-	if st == nil || !s.filter.matches(st.ev.Object.Namespace, st.ev.Object.Labels) {
+	if st == nil || !s.filter.matches(st.ev.Object, st.ev.Object.Labels) {
 		return nil, false
 	}
 	return st.ev.Object, true
@@ -290,7 +296,7 @@ func (s *Subscription) List(namespace string, sel labels.Selector) []*Object {
 		if namespace != "" && it.object().Namespace != namespace {
 			return false
 		}
-		if o := it.object(); f.matches(o.Namespace, o.Labels) && s.filter.matches(o.Namespace, o.Labels) {
+		if o := it.object(); f.matches(o, o.Labels) && s.filter.matches(o, o.Labels) {
 			out = append(out, o)
 		}
 		return true
