@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -321,11 +322,12 @@ func TestWrapListAtAFutureResourceVersion(t *testing.T) {
 	}
 }
 
-// TestWrapOneOffListsStartNoInformer: a list with a field selector asks
-// the daemon for an existing informer only and, when it has none, goes to
-// the API server (kubectl describe's per-uid events list); a watch with
-// the same selector (a node agent's) starts one; Strict always does.
-func TestWrapOneOffListsStartNoInformer(t *testing.T) {
+// TestWrapOneOffReadsStartNoInformer: a list with a field selector, and
+// a watch of one object, ask the daemon for an existing informer only
+// and, when it has none, go to the API server (kubectl describe's per-uid
+// events list, kubectl get NAME -w); a watch with another selector (a
+// node agent's) starts one; Strict always does.
+func TestWrapOneOffReadsStartNoInformer(t *testing.T) {
 	noInformer := status.Error(codes.FailedPrecondition, "no informer")
 	for _, tc := range []struct {
 		name         string
@@ -337,6 +339,8 @@ func TestWrapOneOffListsStartNoInformer(t *testing.T) {
 		{"a list with a field selector", false, false, "involvedObject.uid=1", true},
 		{"a list without", false, false, "", false},
 		{"a watch with a field selector", false, true, "spec.nodeName=n", false},
+		{"a watch of one object", false, true, "metadata.name=p", true},
+		{"strict: a watch of one object", true, true, "metadata.name=p", false},
 		{"strict: a list with a field selector", true, false, "involvedObject.uid=1", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -357,37 +361,48 @@ func TestWrapOneOffListsStartNoInformer(t *testing.T) {
 			}
 			if tc.existingOnly {
 				if err != nil || len(f.api.got()) != 1 || f.count(outcomePassed, reasonOneOff) != 1 {
-					t.Errorf("%v; the API server got %v: want the list passed through as one_off", err, f.api.got())
+					t.Errorf("%v; the API server got %v: want the read passed through as one_off", err, f.api.got())
 				}
 			}
 		})
 	}
 }
 
-// TestWrapNewInformerResetIs410: a watch that started the daemon's
-// informer, after its resume point (the daemon restarted; a field-selector
-// reflector's list went to the API server), gets a 410, on which the
-// reflector lists again, from that informer, instead of watching the API
-// server with nobody keeping the informer for its next watch.
-func TestWrapNewInformerResetIs410(t *testing.T) {
+// TestWrapNewInformerPassesThroughHolding (issue 28): a watch that
+// started the daemon's informer, after its resume point (the daemon
+// restarted; a field-selector reflector's list went to the API server),
+// is served by the API server, never a 410 it would not send; the daemon's
+// stream stays open beside it, holding that informer for the reflector's
+// next watch, and ends with it.
+func TestWrapNewInformerPassesThroughHolding(t *testing.T) {
 	f := newWrapFixture(t, Options{})
+	left := make(chan struct{})
 	f.daemon.mu.Lock()
-	f.daemon.reset = informerdv1.ResetNewInformer
+	f.daemon.reset, f.daemon.left = informerdv1.ResetNewInformer, left
 	f.daemon.mu.Unlock()
 	f.daemon.set(nil, &informerdv1.Event{Type: informerdv1.EventType_EVENT_TYPE_RESET}, marker(informerdv1.EventType_EVENT_TYPE_SYNCED, "41"))
-	w, err := f.clientset(t, "application/json").CoreV1().Pods("ns").Watch(context.Background(),
-		metav1.ListOptions{ResourceVersion: "7", FieldSelector: "spec.nodeName=n"})
+	hc, err := rest.HTTPClientFor(f.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Stop()
-	ev := recv(t, w)
-	if st, ok := ev.Object.(*metav1.Status); ev.Type != watch.Error || !ok || st.Message != "too old resource version: 7 (41)" {
-		t.Fatalf("%s %#v, want ERROR 410 too old resource version: 7 (41)", ev.Type, ev.Object)
+	const path = "/api/v1/namespaces/ns/pods?fieldSelector=spec.nodeName%3Dn&resourceVersion=7&watch=true"
+	resp, err := hc.Get(f.cfg.Host + path)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := f.api.got(); len(got) != 0 {
-		t.Errorf("the API server got %v", got)
+	if got := f.api.got(); !slices.Equal(got, []string{"GET " + path}) || f.count(outcomePassed, reasonResumeNew) != 1 {
+		t.Errorf("the API server got %v (%v passed as %s), want the watch", got, f.count(outcomePassed, reasonResumeNew), reasonResumeNew)
 	}
+	if got := f.daemon.lastRequest(t).GetResumeResourceVersion(); got != "7" {
+		t.Errorf("the daemon's stream resumes from %q, want 7", got)
+	}
+	select {
+	case <-left:
+		t.Fatal("the daemon's stream ended while the passed-through watch was open")
+	case <-time.After(200 * time.Millisecond):
+	}
+	_ = resp.Body.Close()
+	<-left // the stream ends with the watch
 }
 
 // TestWrapNoBookmarkWithoutProgress: as the API server's watch cache, no

@@ -30,7 +30,8 @@ const (
 	reasonAuth        = "unauthorized"    // the daemon's UNAUTHENTICATED: no or a bad informerd token
 	reasonImpersonate = "impersonation"   // an Impersonate-* header: the daemon would read as its token, not as the impersonated user
 	reasonResumeLost  = "resume_lost"     // a watch from a resourceVersion the daemon no longer holds: the API server may
-	reasonOneOff      = "one_off"         // a list with a field selector that no informer of the daemon serves: no new one for it
+	reasonOneOff      = "one_off"         // a list with a field selector, or a watch of one object, that no informer of the daemon serves: no new one for it
+	reasonResumeNew   = "resume_new"      // a watch from before the informer it started: the API server serves it while the daemon keeps that informer for the next
 	reasonTerminating = "crd_terminating" // the resource's CustomResourceDefinition is being deleted: the API server says when it is gone
 )
 

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/internal/fieldsel"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
@@ -219,13 +220,19 @@ func (t *wrapTransport) options(r *readRequest, k kindInfo) (client.WatchOptions
 
 // oneOff reports whether r is a read the daemon serves only from an
 // informer it already has: a list with a field selector (kubectl
-// describe's events of one object, metadata.name=X) would otherwise start
-// an informer that lingers, a watch at the API server that a direct list
-// does not cost. The informer a watch with the same selector starts (a
-// node agent's spec.nodeName=NODE) serves such lists from then on. Strict
+// describe's events of one object, involvedObject.uid=X) or a watch of
+// one object (kubectl get NAME -w, metadata.name=NAME) would otherwise
+// start an informer that lingers, a watch at the API server that a direct
+// read does not cost. An informer of every object serves one object's
+// reads; the informer a watch with another selector starts (a node
+// agent's spec.nodeName=NODE) serves such lists from then on. Strict
 // configs never pass through, so they start it.
 func oneOff(r *readRequest, o Options) bool {
-	return !r.watch && r.fieldSelector != "" && !o.Strict
+	if r.fieldSelector == "" || o.Strict {
+		return false
+	}
+	_, one := fieldsel.OneObject(r.fieldSelector, r.namespace)
+	return !r.watch || one
 }
 
 // saw notes that sc's informer served rv.
@@ -407,23 +414,66 @@ func (t *wrapTransport) serveWatch(req *http.Request, r *readRequest, k kindInfo
 		resp, err := t.daemonError(req, r, err)
 		return t.observe(r, h, resp, err)
 	}
-	if resume != "" && s.Reset() == informerdv1.ResetLost && !t.o.Strict && w.held == nil {
-		// The daemon's informer no longer holds the resume point, and this
+	if resume != "" && s.Reset() != "" && !t.o.Strict && w.held == nil {
+		// The daemon's informer does not hold the resume point, and this
 		// watch does not know what its caller holds: the API server may
 		// still serve it (a young cluster's RV 1), and answers 410 itself
-		// if not. An informer this watch started (the daemon restarted,
-		// or the reflector's list went to the API server as oneOff)
-		// answers 410 instead: the reflector lists again, from it, rather
-		// than watching the API server with nobody keeping that informer
-		// for its next watch.
-		cancel()
-		return t.pass(req, reasonResumeLost, nil)
+		// if not.
+		if s.Reset() == informerdv1.ResetLost {
+			cancel()
+			return t.pass(req, reasonResumeLost, nil)
+		}
+		// This watch started the informer (the daemon restarted, or the
+		// reflector's list went to the API server as oneOff): the stream
+		// keeps it while the API server serves the watch, so that the
+		// reflector's next watch resumes from it.
+		return t.passHolding(req, s, cancel)
 	}
 	pr, pw := io.Pipe()
 	w.s, w.out = s, pw
 	go w.run(ctx, cancel) // ends when the stream does, or the body is closed
 	t.count(outcomeServed, "")
 	return response(req, http.StatusOK, r.format.contentType(true), &watchBody{PipeReader: pr, cancel: cancel}, -1), nil
+}
+
+// passHolding passes the watch req through, and keeps the daemon's
+// stream s, whose informer it holds, open until the response's body is
+// closed or ends; what s sends is discarded. cancel ends s.
+func (t *wrapTransport) passHolding(req *http.Request, s *client.Stream, cancel context.CancelFunc) (*http.Response, error) {
+	resp, err := t.pass(req, reasonResumeNew, nil)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		cancel()
+		return resp, err
+	}
+	go func() { // ends with s, which cancel ends
+		for {
+			if _, err := s.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	resp.Body = &holdingBody{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// holdingBody is a passed-through watch's body that ends the daemon
+// stream beside it once it ends or is closed.
+type holdingBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *holdingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.cancel()
+	}
+	return n, err
+}
+
+func (b *holdingBody) Close() error {
+	b.cancel()
+	return b.ReadCloser.Close()
 }
 
 // watchBody is a watch response's body: closing it ends the stream.

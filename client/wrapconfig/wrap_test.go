@@ -51,6 +51,7 @@ type wrapDaemon struct {
 	refuse   error
 	requests []*informerdv1.WatchRequest
 	end      chan struct{} // closed: open streams end with UNAVAILABLE
+	left     chan struct{} // if set, closed when a stream's client leaves
 	onWatch  func(n int)   // if set, called with d.mu held and the number of Watches so far, before the script is read
 }
 
@@ -60,7 +61,7 @@ func (d *wrapDaemon) Watch(req *informerdv1.WatchRequest, stream informerdv1.Inf
 	if d.onWatch != nil {
 		d.onWatch(len(d.requests))
 	}
-	script, refuse, end, reset := d.script, d.refuse, d.end, d.reset
+	script, refuse, end, reset, left := d.script, d.refuse, d.end, d.reset, d.left
 	d.mu.Unlock()
 	if refuse != nil {
 		return refuse
@@ -79,6 +80,9 @@ func (d *wrapDaemon) Watch(req *informerdv1.WatchRequest, stream informerdv1.Inf
 	}
 	select {
 	case <-stream.Context().Done():
+		if left != nil {
+			close(left)
+		}
 	case <-end:
 		return status.Error(codes.Unavailable, "shutting down")
 	}
