@@ -49,8 +49,10 @@ func callerOf(ctx context.Context) *caller {
 const healthCheck = "/grpc.health.v1.Health/Check"
 
 // unaryAuth authenticates the caller of a unary RPC, except a health
-// Check, and spends one of its unary calls (Limits.UnaryCallsPerSecond)
-// for it, holding one of its calls in flight until the call returns.
+// Check, spends one of its unary calls (Limits.UnaryCallsPerSecond) for
+// it, holding one of its calls in flight, and takes one of the daemon's
+// seats (Limits.UnaryCallsInFlight) in the caller's turn, until the call
+// returns.
 func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if info.FullMethod == healthCheck {
 		return handler(ctx, req)
@@ -59,7 +61,12 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 	if err != nil {
 		return nil, err
 	}
-	done, err := s.unary.admit(ctx, callerOf(ctx).name, s.unaryShare)
+	name := callerOf(ctx).name
+	done, err := s.unary.admit(ctx, name, s.unaryShare)
+	if err == nil {
+		defer done()
+		done, err = s.unarySeats.acquire(ctx, name, "unary calls")
+	}
 	if err != nil {
 		if _, ok := retryDelay(err); ok {
 			s.metrics.unaryRefused.WithLabelValues(path.Base(info.FullMethod)).Inc()

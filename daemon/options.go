@@ -128,13 +128,20 @@ type Limits struct {
 	UnaryCallBurst              int
 	UnaryCallsInFlightPerCaller int
 	UnaryCallMaxWait            time.Duration
+	// UnaryCallsInFlight bounds the unary calls the daemon runs at once,
+	// of all callers (seats.go): one caller holds at most a quarter of
+	// them, and a call that finds none free to it waits in its caller's
+	// queue, served in turn with the other callers' (round robin), up to
+	// UnaryCallMaxWait, then gets RESOURCE_EXHAUSTED with a retry delay.
+	// Default 32.
+	UnaryCallsInFlight int
 	// NewInformersPerMinute and NewInformerBurst are the token bucket of
 	// the informers each caller's requests start (a request served by an
 	// informer that runs, lingering or not, costs none): a request that
 	// would start one beyond it gets RESOURCE_EXHAUSTED with the retry
 	// delay, before anything is started or stopped for it, so that no
 	// other caller's lingering informer is evicted for a caller over its
-	// rate. Defaults 60 and 64.
+	// rate. Defaults 60 and 32.
 	NewInformersPerMinute float64
 	NewInformerBurst      int
 }
@@ -166,7 +173,8 @@ func (l *Limits) setDefaults() {
 	defDur(&l.UnaryCallMaxWait, 500*time.Millisecond)
 	def(&l.UnaryCallBurst, 200)
 	def(&l.UnaryCallsInFlightPerCaller, 64)
-	def(&l.NewInformerBurst, 64)
+	def(&l.UnaryCallsInFlight, 32)
+	def(&l.NewInformerBurst, 32)
 	if l.UnaryCallsPerSecond <= 0 {
 		l.UnaryCallsPerSecond = 100
 	}

@@ -43,6 +43,7 @@ type Server struct {
 	// in refusals; newInformers every caller's rate of new informers.
 	unary        *callerBudgets
 	unaryShare   string
+	unarySeats   *seats
 	newInformers *callerBudgets
 	// discovery is GetDiscovery's answer.
 	discovery discoveryAnswer
@@ -93,6 +94,7 @@ func New(opts Options) (*Server, error) {
 			opts.Limits.UnaryCallsInFlightPerCaller, opts.Limits.UnaryCallMaxWait),
 		unaryShare: fmt.Sprintf("unary calls (-unary-calls-per-second %g, -unary-call-burst %d, -unary-calls-in-flight-per-caller %d)",
 			opts.Limits.UnaryCallsPerSecond, opts.Limits.UnaryCallBurst, opts.Limits.UnaryCallsInFlightPerCaller),
+		unarySeats:   newSeats(opts.Limits.UnaryCallsInFlight, opts.Limits.UnaryCallsInFlight/4, opts.Limits.UnaryCallMaxWait),
 		newInformers: newCallerBudgets(opts.Limits.NewInformersPerMinute/60, opts.Limits.NewInformerBurst, 0, 0),
 	}
 	var err error

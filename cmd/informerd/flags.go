@@ -140,9 +140,10 @@ func parseFlags(args []string) (*config, error) {
 	fs.Float64Var(&l.UnaryCallsPerSecond, "unary-calls-per-second", 100, "unary calls (Get, GetDiscovery, ListInformers, Version; not the health Check) per second per caller (user); beyond, and -unary-call-burst, a call waits up to -unary-call-max-wait, then gets RESOURCE_EXHAUSTED with a retry delay, which the client library waits")
 	fs.IntVar(&l.UnaryCallBurst, "unary-call-burst", 200, "burst above -unary-calls-per-second")
 	fs.IntVar(&l.UnaryCallsInFlightPerCaller, "unary-calls-in-flight-per-caller", 64, "unary calls one caller may have in flight (waiting for a token or for an informer included); more get RESOURCE_EXHAUSTED with a retry delay")
-	fs.DurationVar(&l.UnaryCallMaxWait, "unary-call-max-wait", 500*time.Millisecond, "longest a unary call waits for its caller's next token before it is refused with a retry delay")
+	fs.DurationVar(&l.UnaryCallMaxWait, "unary-call-max-wait", 500*time.Millisecond, "longest a unary call waits for its caller's next token, and then for a seat (-unary-calls-in-flight), before it is refused with a retry delay")
+	fs.IntVar(&l.UnaryCallsInFlight, "unary-calls-in-flight", 32, "unary calls the daemon runs at once, of all callers; one caller holds at most a quarter of them, and callers waiting for one are served in turn")
 	fs.Float64Var(&l.NewInformersPerMinute, "new-informers-per-minute", 60, "informers one caller's requests may start per minute (a request served by a running or lingering informer starts none); beyond, and -new-informer-burst, RESOURCE_EXHAUSTED with a retry delay, and no lingering informer is stopped for it")
-	fs.IntVar(&l.NewInformerBurst, "new-informer-burst", 64, "burst above -new-informers-per-minute")
+	fs.IntVar(&l.NewInformerBurst, "new-informer-burst", 32, "burst above -new-informers-per-minute")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -241,7 +242,7 @@ func parseFlags(args []string) (*config, error) {
 		{"-max-streams-per-connection", float64(l.MaxStreamsPerConnection)}, {"-max-connections", float64(l.MaxConnections)},
 		{"-max-connections-per-peer", float64(l.MaxConnectionsPerPeer)},
 		{"-unary-calls-per-second", l.UnaryCallsPerSecond}, {"-unary-call-burst", float64(l.UnaryCallBurst)},
-		{"-unary-calls-in-flight-per-caller", float64(l.UnaryCallsInFlightPerCaller)},
+		{"-unary-calls-in-flight-per-caller", float64(l.UnaryCallsInFlightPerCaller)}, {"-unary-calls-in-flight", float64(l.UnaryCallsInFlight)},
 		{"-new-informers-per-minute", l.NewInformersPerMinute}, {"-new-informer-burst", float64(l.NewInformerBurst)}} {
 		if n.v <= 0 {
 			return nil, fmt.Errorf("%s %v: must be positive", n.flag, n.v)
