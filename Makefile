@@ -47,8 +47,17 @@ promtool: ## Build promtool, which checks and unit-tests the alerts (cached outs
 helm: ## Build helm (v4), which renders and installs the chart in the tests (cached outside the clone); prints its path.
 	@echo "$$(hack/helm/build.sh)/helm"
 
+# test-tools builds what the tests run beside the code, at once: each
+# build's links and downloads leave a core idle that another build's
+# compiles use. A failure of any stops make test.
+.PHONY: test-tools
+test-tools:
+	@pids=(); for b in test/controlplane/build.sh hack/monitoring/build.sh hack/helm/build.sh; do \
+		"$$b" >/dev/null & pids+=($$!); \
+	done; for p in "$${pids[@]}"; do wait "$$p"; done
+
 .PHONY: test
-test: controlplane promtool helm ## Run every test (unit and e2e) with -race, then each fuzz target briefly; builds the control plane, promtool and helm if needed.
+test: test-tools ## Run every test (unit and e2e) with -race, then each fuzz target briefly; builds the control plane, promtool and helm (at once) if needed.
 	INFORMERD_PROMTOOL="$$(hack/monitoring/build.sh 2>/dev/null)/promtool" INFORMERD_HELM="$$(hack/helm/build.sh 2>/dev/null)/helm" $(GO) test -race -count=1 -timeout=30m $(TEST_FLAGS) ./...
 	cd hack/plot && $(GO) test -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz

@@ -414,6 +414,7 @@ func TestAddressRelatedObjects(t *testing.T) {
 // and turns into the pod when one appears (here a host-network pod, found
 // on its declared port of the node's IP); informerctl prints the answer.
 func TestAddressNobodyThenPod(t *testing.T) {
+	informerctl := informerctlBin.build(t) // before the deadline starts
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ns := podNamespace(ctx, t, "nobody")
@@ -426,7 +427,7 @@ func TestAddressNobodyThenPod(t *testing.T) {
 		ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 31090}}})
 	s.expect(ctx, t, "agent Running ready=true host_port port=metrics/31090/31090")
 
-	out, err := exec.CommandContext(ctx, informerctlBin.build(t), "-address", d.socket, "-token-file", tokenFile(t, readsPods), "address", addr, "-labels", "app").CombinedOutput()
+	out, err := exec.CommandContext(ctx, informerctl, "-address", d.socket, "-token-file", tokenFile(t, readsPods), "address", addr, "-labels", "app").CombinedOutput()
 	if err != nil {
 		t.Fatalf("informerctl address: %v\n%s", err, out)
 	}
@@ -597,6 +598,7 @@ func TestAddressRelatedKindUnavailable(t *testing.T) {
 // workload follows the owner chain: a ReplicaSet's pod reports the
 // ReplicaSet until a Deployment adopts it. informerctl prints it.
 func TestAddressWorkload(t *testing.T) {
+	informerctl := informerctlBin.build(t) // before the deadline starts
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ns := podNamespace(ctx, t, "workload")
@@ -645,7 +647,7 @@ func TestAddressWorkload(t *testing.T) {
 	watchAddress(t, c, web.Status.PodIP+":8080").expect(ctx, t, web.Name+" Running ready=true pod_ip port=/8080/0")
 
 	// informerctl address -workload (client.AddressWatcher) prints it.
-	out, err := exec.CommandContext(ctx, informerctlBin.build(t), "-address", d.socket, "-token-file", tokenFile(t, readsPods, replicaSets, jobs),
+	out, err := exec.CommandContext(ctx, informerctl, "-address", d.socket, "-token-file", tokenFile(t, readsPods, replicaSets, jobs),
 		"address", web.Status.PodIP+":8080", "-workload").CombinedOutput()
 	if err != nil {
 		t.Fatalf("informerctl address -workload: %v\n%s", err, out)

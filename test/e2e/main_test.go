@@ -21,8 +21,11 @@ func TestMain(m *testing.M) {
 		os.Stderr.WriteString("e2e: " + err.Error() + "\n")
 		os.Exit(1)
 	}
+	built := make(chan struct{})
+	go func() { defer close(built); prebuild() }()
 	code := controlplane.Main(m, controlplane.Options{ControllerManager: true, FakeNode: true, APIServerFlags: audit.flags}, &env)
 	audit.remove()
+	<-built
 	if code == 0 {
 		if err := goleak.Find(goleakOptions...); err != nil {
 			os.Stderr.WriteString("e2e: leaked goroutines: " + err.Error() + "\n")

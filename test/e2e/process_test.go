@@ -35,9 +35,26 @@ var (
 	informerctlBin = &binary{pkg: "github.com/informerd/informerd/cmd/informerctl"}
 )
 
+// prebuild builds the commands, once: TestMain starts it beside the
+// control plane, so that no test's deadline pays for a build.
+func prebuild() {
+	for _, b := range []*binary{informerdBin, informerctlBin} {
+		b.prepare()
+	}
+}
+
 // build returns the path of the built command.
 func (b *binary) build(t *testing.T) string {
 	t.Helper()
+	b.prepare()
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
+}
+
+// prepare builds the command once.
+func (b *binary) prepare() {
 	b.once.Do(func() {
 		dir, err := os.MkdirTemp("", "informerd-e2e-bin-")
 		if err != nil {
@@ -50,10 +67,6 @@ func (b *binary) build(t *testing.T) string {
 			b.err = fmt.Errorf("building %s: %w\n%s", b.pkg, err, out)
 		}
 	})
-	if b.err != nil {
-		t.Fatal(b.err)
-	}
-	return b.path
 }
 
 // daemonProc is informerd running as its own process, as in production.

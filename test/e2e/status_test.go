@@ -315,7 +315,7 @@ func resourceNames(resources []schema.GroupVersionResource) string {
 }
 
 // TestConcurrentCRDsAndObjects (issue 21, item 1): appliers each create
-// a CRD and an object of it in one apply, 5 at once, 20 times over, in
+// a CRD and an object of it in one apply, 5 at once, 10 times over, in
 // three ways side by side in the same trials:
 //   - "informerd": informerd's StatusWatcher, and its RESTMapper as the
 //     Applier's: every wait ends Current. The daemon never answers "not
@@ -331,7 +331,7 @@ func resourceNames(resources []schema.GroupVersionResource) string {
 //     informerd may add no timeout of its own: "dynamic" times out no more
 //     than "direct".
 func TestConcurrentCRDsAndObjects(t *testing.T) {
-	const appliers, trials = 5, 20
+	const appliers, trials = 5, 10
 	modes := []string{"informerd", "dynamic", "direct"}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
