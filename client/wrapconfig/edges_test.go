@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,9 +19,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
@@ -272,6 +275,53 @@ func TestWrapWatchesEndWithoutLeaks(t *testing.T) {
 	}
 	goleak.VerifyNone(t, opt)
 	t.Logf("goroutines: %d before 100 watches, %d after", before, runtime.NumGoroutine())
+}
+
+// TestWrapReflectorTimeoutsLeakNothing (issue 28): client-go reflectors
+// over a wrapped config, whose every watch ends at its timeoutSeconds and
+// is made again from where it was, as the reflector does every 5-10
+// minutes per informer, leave no goroutine behind after 100 watches.
+func TestWrapReflectorTimeoutsLeakNothing(t *testing.T) {
+	f := newWrapFixture(t, Options{})
+	f.daemon.set(nil, podEvent(t, informerdv1.EventType_EVENT_TYPE_ADDED, testPod("a", "21"), false), marker(informerdv1.EventType_EVENT_TYPE_SYNCED, "21"))
+	cs := f.clientset(t, "application/json")
+	if _, err := cs.CoreV1().Pods("ns").List(context.Background(), metav1.ListOptions{}); err != nil { // connections up
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	opt := goleak.IgnoreCurrent()
+	const reflectors, watchesEach = 10, 10
+	var watches, lists atomic.Int32
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range reflectors {
+		ctx, stop := context.WithCancel(context.Background())
+		var mine atomic.Int32
+		lw := &toolscache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (k8sruntime.Object, error) {
+				lists.Add(1)
+				return cs.CoreV1().Pods("ns").List(ctx, o)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				if mine.Add(1) > watchesEach {
+					stop()
+				}
+				watches.Add(1)
+				// Quiet, and over a second: not a "very short watch",
+				// which the reflector would back off after.
+				o.TimeoutSeconds = new(int64(2))
+				return cs.CoreV1().Pods("ns").Watch(ctx, o)
+			},
+		}
+		r := toolscache.NewReflectorWithOptions(lw, &corev1.Pod{}, toolscache.NewStore(toolscache.MetaNamespaceKeyFunc), toolscache.ReflectorOptions{})
+		wg.Go(func() { r.RunWithContext(ctx) })
+	}
+	wg.Wait()
+	if n := watches.Load(); n < reflectors*watchesEach {
+		t.Fatalf("%d watches, want at least %d", n, reflectors*watchesEach)
+	}
+	goleak.VerifyNone(t, opt)
+	t.Logf("goroutines: %d before %d reflectors' %d lists and %d watches in %s, %d after", before, reflectors, lists.Load(), watches.Load(), time.Since(start).Round(time.Millisecond), runtime.NumGoroutine())
 }
 
 // TestWrapListAtAFutureResourceVersion: a list at a resourceVersion the
