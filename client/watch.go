@@ -194,7 +194,51 @@ func retryableUnlessDenied(err error, progressed bool) bool {
 // PERMISSION_DENIED and UNAUTHENTICATED). OnError sees every error it
 // retries after.
 func (w *Watcher) Run(ctx context.Context) error {
-	return w.c.retry(ctx, w.o.Backoff, w.o.OnError, w.runOnce, retryable)
+	return w.c.Retry(ctx, RetryOptions{Backoff: w.o.Backoff, OnError: w.o.OnError}, w.runOnce)
+}
+
+// RetryOptions configure Retry. Zero values take the defaults.
+type RetryOptions struct {
+	// Backoff between attempts after errors the daemon returns.
+	Backoff Backoff
+	// OnError, if set, is called with every error that ends an attempt
+	// before Retry tries again (a terminal one is returned instead).
+	OnError func(error)
+	// StopOnDenied makes PERMISSION_DENIED terminal, as it is for
+	// cli-utils' StatusWatcher. By default it is retried, as a Watcher
+	// retries it (and client-go's reflector retries Forbidden): RBAC
+	// changes, and an API server that restarts denies for a moment.
+	StopOnDenied bool
+}
+
+// Retry is the reconnect loop of a Watcher, for a stream of the daemon's
+// API (API) that a caller runs itself. It calls once until ctx ends
+// (returning nil) or once returns an error that retrying cannot fix,
+// which it returns. once runs one stream until it fails; progressed
+// reports whether the stream delivered anything, which starts the
+// backoff over. Once ctx has ended, what once returns is ignored.
+//
+// An error once returns is terminal when it is a DecodeError, when the
+// caller may not open the daemon's Unix socket (wrapping
+// ErrSocketPermission), or when it is a gRPC status error of code
+// INVALID_ARGUMENT, NOT_FOUND, UNIMPLEMENTED, FAILED_PRECONDITION,
+// PERMISSION_DENIED (only with StopOnDenied), UNAUTHENTICATED (unless the
+// stream progressed: its token expired, and the next attempt reads the
+// rotated one) or RESOURCE_EXHAUSTED for a request larger than the daemon
+// ever accepts (REQUEST_TOO_LARGE, or a message over its
+// -max-request-bytes; other RESOURCE_EXHAUSTED errors free up and are
+// retried). Every other error is handed to OnError, and retried: after
+// the daemon was unreachable (it is restarting, or down), as soon as the
+// connection is back (see Backoff); after an error the daemon returned,
+// with jittered exponential backoff. An error about the daemon's Unix
+// socket, returned or handed to OnError, says what is wrong with it.
+// Retry runs on its caller's goroutine and starts none.
+func (c *Client) Retry(ctx context.Context, o RetryOptions, once func(ctx context.Context) (progressed bool, err error)) error {
+	policy := retryable
+	if o.StopOnDenied {
+		policy = retryableUnlessDenied
+	}
+	return c.retry(ctx, o.Backoff.withDefaults(), o.OnError, once, policy)
 }
 
 // retry runs once until ctx ends (returning nil) or once fails in a way

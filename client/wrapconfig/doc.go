@@ -4,7 +4,9 @@
 // request to the API server. `informerctl proxy` serves the same transport
 // on a local port for programs in other languages.
 //
-// It lives apart from package client so that a program that only needs a
-// Watcher links neither Prometheus nor the HTTP emulation. docs/adoption.md
-// says what is served and how.
+// It lives apart from package client, as client/statuswatcher does, so
+// that a program that only needs a Watcher links neither Prometheus (which
+// Options.Registerer brings) nor the HTTP emulation; package client's
+// TestDependencies keeps it so. docs/adoption.md says what is served and
+// how.
 package wrapconfig

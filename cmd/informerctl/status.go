@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/cli-utils/pkg/kstatus/watcher"
 	"sigs.k8s.io/cli-utils/pkg/object"
 
-	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/client/statuswatcher"
 )
 
 type statusFlags struct {
@@ -69,7 +69,7 @@ func statusCmd(ctx context.Context, e *env, o *statusFlags, args []string) error
 	defer c.Close()
 	v := newStatusView(e.stdout, e.terminal, ids)
 	v.width = e.width
-	sw := client.NewStatusWatcher(c, client.StatusWatcherOptions{ClientName: o.name, IdentityOnly: true})
+	sw := statuswatcher.New(c, statuswatcher.Options{ClientName: o.name, IdentityOnly: true})
 	return v.run(ctx, sw.Watch(ctx, ids, watcher.Options{RESTScopeStrategy: strategy}))
 }
 

@@ -126,7 +126,7 @@ func parseFlags(args []string) (*config, error) {
 	serveSensitive := fs.String("serve-sensitive", "", "comma-separated sensitive resource[.group] to serve anyway (callers still need RBAC), e.g. secrets")
 	l := &c.limits
 	fs.IntVar(&l.MaxStreamsPerCaller, "max-streams-per-caller", 512, "open streams per caller (user), on all its connections")
-	fs.IntVar(&l.MaxRequestBytes, "max-request-bytes", 64<<10, "size of a request message, of every method (client.NewStatusWatcher sends parts of 32 KiB)")
+	fs.IntVar(&l.MaxRequestBytes, "max-request-bytes", 64<<10, "size of a request message, of every method (client/statuswatcher sends parts of 32 KiB)")
 	fs.IntVar(&l.MaxStatusObjectsPerCaller, "max-status-objects-per-caller", 100000, "objects of all the open status streams of one caller (at least 20000, one request's limit)")
 	fs.IntVar(&l.MaxSelectorBytes, "max-selector-bytes", 4<<10, "length of each selector of a request")
 	fs.IntVar(&l.MaxHeaderBytes, "max-header-bytes", 16<<10, "size of a request's metadata, its token included")

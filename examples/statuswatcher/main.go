@@ -3,7 +3,7 @@
 // change for an applier is the StatusWatcher it is built with
 // (docs/adoption.md):
 //
-//	apply.NewApplierBuilder().WithStatusWatcher(client.NewStatusWatcher(c, client.StatusWatcherOptions{})).
+//	apply.NewApplierBuilder().WithStatusWatcher(statuswatcher.New(c, statuswatcher.Options{})).
 //
 // It prints each status until the Deployment is Current (or, with
 // -until-sync, until the first statuses are in).
@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/cli-utils/pkg/object"
 
 	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/client/statuswatcher"
 )
 
 func main() {
@@ -53,7 +54,7 @@ func run(ctx context.Context, address, tokenFile, namespace, name string) error 
 	defer c.Close()
 
 	// A watcher.StatusWatcher. Direct: watcher.NewDefaultStatusWatcher(dynamicClient, restMapper)
-	w := client.NewStatusWatcher(c, client.StatusWatcherOptions{ClientName: "example-statuswatcher"})
+	w := statuswatcher.New(c, statuswatcher.Options{ClientName: "example-statuswatcher"})
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

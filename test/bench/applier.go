@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/cli-utils/pkg/kstatus/watcher"
 
 	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/client/statuswatcher"
 )
 
 // The applier modes of `bench status`: where an applier's StatusWatcher
@@ -32,7 +33,7 @@ const (
 	// BlindStatusWatcher): the baseline that the waiting modes add to.
 	applierApplyOnly = "apply-only"
 	applierDirect    = "direct"    // cli-utils' DefaultStatusWatcher, against the API server
-	applierInformerd = "informerd" // client.NewStatusWatcher: the daemon's WatchStatus
+	applierInformerd = "informerd" // statuswatcher.New: the daemon's WatchStatus
 	// applierInformerdMapper also maps kinds with client.NewRESTMapper
 	// (the daemon's discovery) instead of the kubectl factory's mapper.
 	applierInformerdMapper = "informerd-mapper"
@@ -101,7 +102,7 @@ func runApplier(args []string) error {
 			return err
 		}
 		defer c.Close()
-		b = b.WithStatusWatcher(client.NewStatusWatcher(c, client.StatusWatcherOptions{ClientName: "applier-" + *namespace}))
+		b = b.WithStatusWatcher(statuswatcher.New(c, statuswatcher.Options{ClientName: "applier-" + *namespace}))
 		if *mode == applierInformerdMapper {
 			b = b.WithRestMapper(client.NewRESTMapper(c))
 		}

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/cli-utils/pkg/object"
 
 	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/client/statuswatcher"
 	"github.com/informerd/informerd/test/controlplane"
 )
 
@@ -141,7 +142,7 @@ func (h *statusHarness) runRollout(ctx context.Context, informerd string, replic
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	depID := object.ObjMetadata{GroupKind: schema.GroupKind{Group: "apps", Kind: "Deployment"}, Namespace: rolloutNamespace, Name: rolloutName}
-	events := client.NewStatusWatcher(appClient, client.StatusWatcherOptions{ClientName: "rollout"}).
+	events := statuswatcher.New(appClient, statuswatcher.Options{ClientName: "rollout"}).
 		Watch(wctx, object.ObjMetadataSet{depID}, watcher.Options{RESTScopeStrategy: watcher.RESTScopeNamespace})
 
 	// The bystander, probing until the run ends.
@@ -297,7 +298,7 @@ func startProbe(ctx context.Context, admin *kubernetes.Clientset, socket, token 
 	ctx, cancel := context.WithCancel(ctx)
 	p := &probe{cancel: cancel, done: make(chan struct{})}
 	id := object.ObjMetadata{GroupKind: schema.GroupKind{Kind: "ConfigMap"}, Namespace: bystanderNamespace, Name: probeName}
-	events := client.NewStatusWatcher(c, client.StatusWatcherOptions{ClientName: "bystander"}).
+	events := statuswatcher.New(c, statuswatcher.Options{ClientName: "bystander"}).
 		Watch(ctx, object.ObjMetadataSet{id}, watcher.Options{RESTScopeStrategy: watcher.RESTScopeNamespace})
 	go func() { // ends with cancel
 		defer close(p.done)

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/cli-utils/pkg/object"
 
 	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/client/statuswatcher"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
@@ -251,7 +252,7 @@ func TestClientsBackAfterDaemonKill(t *testing.T) {
 	for i := range rounds {
 		ids = append(ids, object.ObjMetadata{Namespace: ns, Name: fmt.Sprintf("down-%d", i), GroupKind: schema.GroupKind{Kind: "ConfigMap"}})
 	}
-	sw := client.NewStatusWatcher(dial("StatusWatcher", reads(configMaps, ns)), client.StatusWatcherOptions{ClientName: "comeback-status"})
+	sw := statuswatcher.New(dial("StatusWatcher", reads(configMaps, ns)), statuswatcher.Options{ClientName: "comeback-status"})
 	statusHandled := kinds["StatusWatcher"].handler
 	statusSynced := make(chan struct{})
 	events := sw.Watch(runCtx, ids, watcher.Options{})

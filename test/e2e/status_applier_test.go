@@ -23,6 +23,7 @@ import (
 
 	"github.com/informerd/informerd/cache"
 	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/client/statuswatcher"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
@@ -30,7 +31,7 @@ import (
 // expects no reconnect: any error fails the test.
 func (d *testDaemon) strictStatusWatcher(t *testing.T, name string) watcher.StatusWatcher {
 	t.Helper()
-	return client.NewStatusWatcher(d.dial(t, readsAll), client.StatusWatcherOptions{
+	return statuswatcher.New(d.dial(t, readsAll), statuswatcher.Options{
 		ClientName: name, OnError: func(err error) { t.Errorf("status watcher %s retried after: %v", name, err) },
 	})
 }

@@ -29,13 +29,14 @@ import (
 
 	"github.com/informerd/informerd/cache"
 	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/client/statuswatcher"
 	"github.com/informerd/informerd/test/controlplane"
 )
 
 // statusWatcher returns a StatusWatcher of the daemon for one applier.
 func (d *testDaemon) statusWatcher(t *testing.T, name string) watcher.StatusWatcher {
 	t.Helper()
-	return client.NewStatusWatcher(d.dial(t, readsAll), client.StatusWatcherOptions{
+	return statuswatcher.New(d.dial(t, readsAll), statuswatcher.Options{
 		ClientName: name, Backoff: client.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond},
 		OnError: func(err error) { t.Logf("status watcher %s reconnects after: %v", name, err) },
 	})

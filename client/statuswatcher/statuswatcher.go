@@ -1,4 +1,4 @@
-package client
+package statuswatcher
 
 import (
 	"context"
@@ -21,17 +21,18 @@ import (
 	"sigs.k8s.io/cli-utils/pkg/kstatus/watcher"
 	"sigs.k8s.io/cli-utils/pkg/object"
 
+	"github.com/informerd/informerd/client"
 	"github.com/informerd/informerd/internal/objref"
 	"github.com/informerd/informerd/internal/statusconv"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
-// StatusWatcherOptions configure NewStatusWatcher.
-type StatusWatcherOptions struct {
+// Options configure New. Zero values take the defaults.
+type Options struct {
 	// ClientName identifies the watcher in the daemon's introspection.
 	ClientName string
 	// Backoff between retries after errors the daemon returns.
-	Backoff Backoff
+	Backoff client.Backoff
 	// OnError, if set, is called with every error that ends a stream
 	// before the watcher reconnects (a terminal one is an ErrorEvent).
 	OnError func(error)
@@ -45,14 +46,15 @@ type StatusWatcherOptions struct {
 	IdentityOnly bool
 }
 
-// NewStatusWatcher returns a cli-utils StatusWatcher whose statuses the
-// daemon computes (WatchStatus), for apply.NewApplierBuilder().
-// WithStatusWatcher and apply.NewDestroyerBuilder().WithStatusWatcher.
+// New returns a cli-utils StatusWatcher whose statuses c's daemon
+// computes (WatchStatus), for apply.NewApplierBuilder().WithStatusWatcher
+// and apply.NewDestroyerBuilder().WithStatusWatcher.
 //
 // Each Watch sends a ResourceUpdateEvent when an object's status, message,
 // generation, UID or generated resources change, one SyncEvent once every
 // object's status has been sent, and an ErrorEvent for an error retrying
-// cannot fix (PERMISSION_DENIED and UNAUTHENTICATED as Kubernetes Forbidden
+// cannot fix (client.Client.Retry's terminal errors, PERMISSION_DENIED
+// included: PERMISSION_DENIED and UNAUTHENTICATED as Kubernetes Forbidden
 // and Unauthorized errors; a request the daemon can never accept: more
 // than informerdv1.MaxStatusObjects objects, or too large), after which its
 // channel closes; it also closes when ctx ends. Across reconnects (a
@@ -65,7 +67,7 @@ type StatusWatcherOptions struct {
 // resource cache and its apply-time mutations read. It is nil when the
 // object is not found. A change of the object that leaves its status
 // alone sends no event, so Resource is the object as of its last status
-// change (see StatusWatcherOptions.IdentityOnly).
+// change (see Options.IdentityOnly).
 //
 // An identifier that the API server would refuse (no name, an invalid
 // kind, namespace or name) is left out of the request: like cli-utils'
@@ -74,14 +76,13 @@ type StatusWatcherOptions struct {
 //
 // The objects are sent to the daemon in parts of at most 32 KiB
 // (WatchStatusChunked), within its 64 KiB request limit.
-func NewStatusWatcher(c *Client, opts StatusWatcherOptions) watcher.StatusWatcher {
-	opts.Backoff = opts.Backoff.withDefaults()
+func New(c *client.Client, opts Options) watcher.StatusWatcher {
 	return &statusWatcher{c: c, opts: opts}
 }
 
 type statusWatcher struct {
-	c    *Client
-	opts StatusWatcherOptions
+	c    *client.Client
+	opts Options
 }
 
 var _ watcher.StatusWatcher = (*statusWatcher)(nil)
@@ -100,7 +101,8 @@ func (w *statusWatcher) Watch(ctx context.Context, ids object.ObjMetadataSet, o 
 	r := &statusRun{c: w.c, parts: split(req, maxPartBytes), out: out, last: map[object.ObjMetadata]*event.ResourceStatus{}}
 	go func() {
 		defer close(out)
-		if err := w.c.retry(ctx, w.opts.Backoff, w.opts.OnError, r.once, retryableUnlessDenied); err != nil {
+		ro := client.RetryOptions{Backoff: w.opts.Backoff, OnError: w.opts.OnError, StopOnDenied: true}
+		if err := w.c.Retry(ctx, ro, r.once); err != nil {
 			r.send(ctx, event.Event{Type: event.ErrorEvent, Error: statusError(err)})
 		}
 	}()
@@ -144,7 +146,7 @@ func split(req *informerdv1.WatchStatusRequest, max int) []*informerdv1.WatchSta
 
 // statusRun is one Watch call's state, owned by its goroutine.
 type statusRun struct {
-	c      *Client
+	c      *client.Client
 	parts  []*informerdv1.WatchStatusRequest // the request, in parts
 	out    chan<- event.Event
 	last   map[object.ObjMetadata]*event.ResourceStatus // the latest status sent of each object
@@ -155,7 +157,7 @@ type statusRun struct {
 func (r *statusRun) once(ctx context.Context) (progressed bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s, err := r.c.api.WatchStatusChunked(ctx)
+	s, err := r.c.API().WatchStatusChunked(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -270,9 +272,11 @@ func fromProtoStatus(p *informerdv1.ResourceStatus) *event.ResourceStatus {
 	return rs
 }
 
-// statusError returns a terminal stream error as a Kubernetes API error
-// where one exists (so that apierrors.IsForbidden works as with cli-utils'
-// own watcher), else as it is.
+// statusError returns a terminal stream error (one client.Retry returned)
+// as a Kubernetes API error where one exists (so that apierrors.IsForbidden
+// works as with cli-utils' own watcher), else as it is; a request larger
+// than the daemon accepts (the only RESOURCE_EXHAUSTED that is terminal)
+// says which limit to raise.
 func statusError(err error) error {
 	st, _ := status.FromError(err)
 	var code int32
@@ -283,10 +287,7 @@ func statusError(err error) error {
 	case codes.Unauthenticated:
 		code, reason = http.StatusUnauthorized, metav1.StatusReasonUnauthorized
 	case codes.ResourceExhausted:
-		if tooLarge(err) {
-			return fmt.Errorf("informerd refused the status request as larger than it accepts: the daemon's -max-request-bytes must be at least %d, the size of the parts the StatusWatcher sends: %w", maxPartBytes, err)
-		}
-		return err
+		return fmt.Errorf("informerd refused the status request as larger than it accepts: the daemon's -max-request-bytes must be at least %d, the size of the parts the StatusWatcher sends: %w", maxPartBytes, err)
 	default:
 		return err
 	}

@@ -1,10 +1,12 @@
-package client
+package statuswatcher_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +24,8 @@ import (
 	"sigs.k8s.io/cli-utils/pkg/kstatus/watcher"
 	"sigs.k8s.io/cli-utils/pkg/object"
 
+	"github.com/informerd/informerd/client"
+	"github.com/informerd/informerd/client/statuswatcher"
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
@@ -94,11 +98,26 @@ func (s *scriptedServer) run(req *informerdv1.WatchStatusRequest, stream interfa
 	return sc.end
 }
 
-// serveScripts serves scripts with the daemon's default request limit.
-func serveScripts(t *testing.T, scripts ...statusScript) (*Client, *scriptedServer) {
+// serveScripts serves scripts on a Unix socket, with the daemon's default
+// request limit, and returns a Client of it.
+func serveScripts(t *testing.T, scripts ...statusScript) (*client.Client, *scriptedServer) {
 	t.Helper()
 	srv := &scriptedServer{scripts: scripts}
-	return serveScripted(t, srv, grpc.MaxRecvMsgSize(64<<10)), srv
+	socket := filepath.Join(t.TempDir(), "d.sock")
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(grpc.MaxRecvMsgSize(64 << 10))
+	informerdv1.RegisterInformerServiceServer(gs, srv)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = gs.Serve(l) }()
+	c, err := client.Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); gs.Stop(); <-done })
+	return c, srv
 }
 
 func statusEv(name string, st informerdv1.Status, uid, rv string, gen ...*informerdv1.ResourceStatus) *informerdv1.StatusEvent {
@@ -156,7 +175,7 @@ func TestStatusWatcherAcrossReconnects(t *testing.T) {
 			{statusEv("a", informerdv1.Status_STATUS_CURRENT, "u1", "7", pod)},
 		}, end: status.Error(codes.PermissionDenied, "no")},
 	)
-	w := NewStatusWatcher(c, StatusWatcherOptions{ClientName: "test", Backoff: Backoff{Initial: time.Millisecond, Max: time.Millisecond}})
+	w := statuswatcher.New(c, statuswatcher.Options{ClientName: "test", Backoff: client.Backoff{Initial: time.Millisecond, Max: time.Millisecond}})
 	ids := object.ObjMetadataSet{
 		{GroupKind: schema.GroupKind{Kind: "ConfigMap"}, Namespace: "ns", Name: "a"},
 		{GroupKind: schema.GroupKind{Kind: "ConfigMap"}, Namespace: "ns", Name: "b"},
@@ -187,7 +206,7 @@ func TestStatusWatcherAcrossReconnects(t *testing.T) {
 func TestStatusWatcherStopsWithContext(t *testing.T) {
 	c, _ := serveScripts(t, statusScript{responses: [][]*informerdv1.StatusEvent{{syncedEv}}})
 	ctx, cancel := context.WithCancel(context.Background())
-	ch := NewStatusWatcher(c, StatusWatcherOptions{}).Watch(ctx, nil, watcher.Options{})
+	ch := statuswatcher.New(c, statuswatcher.Options{}).Watch(ctx, nil, watcher.Options{})
 	if ev := <-ch; ev.Type != event.SyncEvent {
 		t.Fatalf("first event %v, want SyncEvent", ev)
 	}
@@ -217,7 +236,7 @@ func TestStatusWatcherLargeRequest(t *testing.T) {
 		object.ObjMetadata{GroupKind: schema.GroupKind{Kind: "no such kind"}, Namespace: "team-a", Name: "x"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ch := NewStatusWatcher(c, StatusWatcherOptions{OnError: func(err error) { t.Errorf("retried after %v", err) }}).Watch(ctx, ids, watcher.Options{})
+	ch := statuswatcher.New(c, statuswatcher.Options{OnError: func(err error) { t.Errorf("retried after %v", err) }}).Watch(ctx, ids, watcher.Options{})
 	if ev := <-ch; ev.Type != event.SyncEvent {
 		t.Fatalf("first event %v, want SyncEvent", ev)
 	}
@@ -253,7 +272,7 @@ func TestStatusWatcherTerminalErrors(t *testing.T) {
 			c, srv := serveScripts(t, statusScript{end: tt.end}, statusScript{responses: [][]*informerdv1.StatusEvent{{syncedEv}}})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			ch := NewStatusWatcher(c, StatusWatcherOptions{Backoff: Backoff{Initial: time.Millisecond, Max: time.Millisecond}}).Watch(ctx, refs(1), watcher.Options{})
+			ch := statuswatcher.New(c, statuswatcher.Options{Backoff: client.Backoff{Initial: time.Millisecond, Max: time.Millisecond}}).Watch(ctx, refs(1), watcher.Options{})
 			ev := <-ch
 			srv.mu.Lock()
 			calls := len(srv.reqs)
@@ -280,7 +299,7 @@ func TestStatusWatcherObjects(t *testing.T) {
 	c, srv := serveScripts(t, statusScript{responses: [][]*informerdv1.StatusEvent{{ev, syncedEv}}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	got := <-NewStatusWatcher(c, StatusWatcherOptions{}).Watch(ctx, object.ObjMetadataSet{{GroupKind: schema.GroupKind{Kind: "ConfigMap"}, Namespace: "ns", Name: "a"}}, watcher.Options{})
+	got := <-statuswatcher.New(c, statuswatcher.Options{}).Watch(ctx, object.ObjMetadataSet{{GroupKind: schema.GroupKind{Kind: "ConfigMap"}, Namespace: "ns", Name: "a"}}, watcher.Options{})
 	if v, _, _ := unstructured.NestedString(got.Resource.Resource.Object, "data", "k"); v != "v" || got.Resource.Resource.GetUID() != "u1" {
 		t.Fatalf("Resource %v, want the object sent", got.Resource.Resource)
 	}
@@ -289,7 +308,7 @@ func TestStatusWatcherObjects(t *testing.T) {
 	}
 
 	c, srv = serveScripts(t, statusScript{responses: [][]*informerdv1.StatusEvent{{syncedEv}}})
-	<-NewStatusWatcher(c, StatusWatcherOptions{IdentityOnly: true}).Watch(ctx, refs(1), watcher.Options{})
+	<-statuswatcher.New(c, statuswatcher.Options{IdentityOnly: true}).Watch(ctx, refs(1), watcher.Options{})
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
 	if srv.reqs[0].GetIncludeObjects() {
