@@ -279,18 +279,18 @@ func TestManagerDeletedCRDEndsOnlyItsSources(t *testing.T) {
 	}
 	m.crdDeleted(widgetGR)
 	for i, sub := range subs {
-		sub.src.mu.Lock()
-		terminal := sub.src.terminal
-		sub.src.mu.Unlock()
+		sub.source().mu.Lock()
+		terminal := sub.source().terminal
+		sub.source().mu.Unlock()
 		if i < 2 {
-			<-sub.src.done
-			sub.src.mu.Lock()
-			terminal = sub.src.terminal
-			sub.src.mu.Unlock()
+			<-sub.source().done
+			sub.source().mu.Lock()
+			terminal = sub.source().terminal
+			sub.source().mu.Unlock()
 			if !errors.Is(terminal, ErrResourceRemoved) {
 				t.Errorf("%s: ended with %v, want ErrResourceRemoved", sub.Key(), terminal)
 			}
-		} else if terminal != nil || sub.src.stopped() {
+		} else if terminal != nil || sub.source().stopped() {
 			t.Errorf("%s, another resource: ended with %v", sub.Key(), terminal)
 		}
 	}

@@ -33,8 +33,12 @@ type ScopeStrategy string
 
 // Scope strategies.
 const (
-	// ScopeAutomatic watches all namespaces when the daemon may list and
-	// watch the resource cluster-wide, else the requested namespace.
+	// ScopeAutomatic watches each requested namespace separately while
+	// the node's subscriptions of a resource ask for fewer than
+	// Options.ClusterAt namespaces, and all namespaces with one informer
+	// when they ask for more (or for all of them) and the daemon may list
+	// and watch the resource cluster-wide; subscriptions move between the
+	// two without a RESET (scope.go).
 	ScopeAutomatic ScopeStrategy = "automatic"
 	// ScopeCluster always watches all namespaces and filters.
 	ScopeCluster ScopeStrategy = "cluster"
@@ -49,8 +53,14 @@ type Options struct {
 	// Scope is the scope strategy. Default ScopeAutomatic.
 	Scope ScopeStrategy
 	// LingerTTL is how long an unused Source keeps running, so that clients
-	// that reconnect or re-run cause no relist. Default 2m.
+	// that reconnect or re-run cause no relist; and how long ScopeAutomatic
+	// keeps a cluster-wide informer after its subscriptions came to ask
+	// for at most half of ClusterAt namespaces. Default 2m.
 	LingerTTL time.Duration
+	// ClusterAt is the number of namespaces of a resource the node's
+	// subscriptions ask for at which ScopeAutomatic watches it
+	// cluster-wide. Default 8.
+	ClusterAt int
 	// MaxLingering bounds the number of unused Sources kept; the least
 	// recently used is stopped first. Default 128.
 	MaxLingering int
@@ -198,7 +208,10 @@ type Manager struct {
 	// cluster-wide (ScopeAutomatic), for a minute.
 	scopeCache map[schema.GroupVersionResource]scopeDecision
 	reviews    singleflight.Group // of reviewClusterAccess, by GVR
-	lru        *expirable.LRU[Key, *entry]
+	// scopes is what ScopeAutomatic knows of each namespaced resource
+	// subscribed (scope.go), by its Key without a namespace.
+	scopes map[Key]*scopeState
+	lru    *expirable.LRU[Key, *entry]
 }
 
 // resettableMapper is a RESTMapper whose cached discovery can be dropped.
@@ -232,6 +245,9 @@ func (opts Options) withDefaults() (Options, error) {
 	}
 	if opts.LingerTTL <= 0 {
 		opts.LingerTTL = 2 * time.Minute
+	}
+	if opts.ClusterAt <= 0 {
+		opts.ClusterAt = 8
 	}
 	if opts.MaxLingering <= 0 {
 		opts.MaxLingering = 128
@@ -316,6 +332,7 @@ func newManager(opts Options, mapper resettableMapper, newUpstream func(Key) ups
 		sources:     map[Key]*entry{},
 		owned:       map[string]int{},
 		scopeCache:  map[schema.GroupVersionResource]scopeDecision{},
+		scopes:      map[Key]*scopeState{},
 	}
 	m.disc.Store(&discoveryState{mapper: mapper})
 	m.ctx, m.cancel = context.WithCancel(context.Background())
@@ -337,7 +354,7 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 	if req.Owner == "" {
 		return nil, errNoOwner
 	}
-	key, gvk, err := m.resolve(ctx, req)
+	key, gvk, automatic, err := m.resolve(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -370,7 +387,8 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 		return nil, err
 	}
 	req.Filter.Namespace = req.Namespace
-	sub := &Subscription{src: src, filter: req.Filter, release: release, started: started}
+	sub := &Subscription{filter: req.Filter, release: release, started: started}
+	sub.src.Store(src)
 	if err := sub.start(ctx, req.Resume, req.NotOlderThan); err != nil {
 		sub.Close()
 		if errors.Is(err, ErrResourceRemoved) {
@@ -382,7 +400,16 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 		return nil, err
 	}
 	m.metrics.subscribers.Inc()
-	sub.release = func() { m.metrics.subscribers.Dec(); release() }
+	sub.onClose = m.metrics.subscribers.Dec
+	if automatic && req.Filter.Name == "" {
+		// Its namespace counts for the scope; it moves when the Source
+		// that serves that namespace changes.
+		sub.mover = func(key Key, like *Source) (*Source, func(), error) {
+			return m.acquireMove(key, like, req.Holder, req.Owner)
+		}
+		uncount := m.addDemand(baseOf(key), gvk, req.Namespace, sub)
+		sub.onClose = func() { m.metrics.subscribers.Dec(); uncount() }
+	}
 	return sub, nil
 }
 
@@ -390,24 +417,52 @@ func (m *Manager) Subscribe(ctx context.Context, req Request) (*Subscription, er
 // it if none runs), as Subscribe does but without subscribing or waiting
 // for it to sync: a caller holds what another component reads on its
 // behalf, so that it counts against the caller's MaxSourcesPerOwner and
-// shows as the caller's in introspection. It returns the Key held and the
-// func that releases it (idempotent). Errors: those of Subscribe's
-// discovery, and ErrLimit.
-func (m *Manager) Hold(ctx context.Context, req Request) (Key, func(), error) {
+// shows as the caller's in introspection. Under ScopeAutomatic the hold
+// moves with the subscriptions of its namespace (scope.go). Errors: those
+// of Subscribe's discovery, and ErrLimit.
+func (m *Manager) Hold(ctx context.Context, req Request) (*Held, error) {
 	if req.Owner == "" {
-		return Key{}, nil, errNoOwner
+		return nil, errNoOwner
 	}
-	key, gvk, err := m.resolve(ctx, req)
+	key, gvk, automatic, err := m.resolve(ctx, req)
 	if err != nil {
-		return Key{}, nil, err
+		return nil, err
 	}
-	req.ExistingInformerOnly = false // a hold always starts its Source
-	_, release, _, err := m.acquire(key, gvk, req)
+	h := hold{holder: req.Holder, owner: req.Owner, admitNew: req.AdmitNew, limited: true} // a hold always starts its Source
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	held := &Held{m: m, key: key}
+	if automatic {
+		held.scoped, held.release, err = m.holdLocked(baseOf(key), key, gvk, req.Namespace, h)
+	} else {
+		_, held.release, _, err = m.acquireLocked(key, gvk, h)
+	}
 	if err != nil {
-		return Key{}, nil, err
+		return nil, err
 	}
-	return key, release, nil
+	return held, nil
 }
+
+// Held is a hold on a Source (Manager.Hold).
+type Held struct {
+	m       *Manager
+	key     Key
+	scoped  *scopeHold // nil: the hold never moves
+	release func()
+}
+
+// Key returns the Key of the Source held now.
+func (h *Held) Key() Key {
+	if h.scoped == nil {
+		return h.key
+	}
+	h.m.mu.Lock()
+	defer h.m.mu.Unlock()
+	return h.scoped.key
+}
+
+// Release releases the hold. It is idempotent.
+func (h *Held) Release() { h.release() }
 
 // Get returns the object name in req.Namespace as the informer that
 // serves req stores it, once that informer has synced (and reached
@@ -439,7 +494,7 @@ func namespaceOrCluster(ns string) string {
 // starting anything; with req.WaitForResource it waits for the resource
 // to appear. Errors are Subscribe's.
 func (m *Manager) Resolve(ctx context.Context, req Request) (Key, error) {
-	key, _, err := m.resolve(ctx, req)
+	key, _, _, err := m.resolve(ctx, req)
 	return key, err
 }
 
@@ -457,17 +512,21 @@ func (m *Manager) ResolveResource(ctx context.Context, req Request) (schema.Grou
 }
 
 // resolve maps a request to the Key that serves it.
-func (m *Manager) resolve(ctx context.Context, req Request) (Key, schema.GroupVersionKind, error) {
+func (m *Manager) resolve(ctx context.Context, req Request) (Key, schema.GroupVersionKind, bool, error) {
 	mapping, err := m.lookup(ctx, req)
 	if err != nil {
-		return Key{}, schema.GroupVersionKind{}, err
+		return Key{}, schema.GroupVersionKind{}, false, err
 	}
 	gvk := mapping.GroupVersionKind
 	// Built-in types are the ones client-go knows: the API server encodes
 	// them in protobuf. Custom resources have only JSON.
 	key := Key{GVR: mapping.Resource, FieldSelector: req.FieldSelector, Protobuf: req.Protobuf && scheme.Scheme.Recognizes(gvk)}
-	if mapping.Scope.Name() != meta.RESTScopeNameNamespace || req.Namespace == "" {
-		return key, gvk, nil
+	if mapping.Scope.Name() != meta.RESTScopeNameNamespace {
+		return key, gvk, false, nil
+	}
+	automatic := m.opts.Scope == ScopeAutomatic
+	if req.Namespace == "" {
+		return key, gvk, automatic, nil
 	}
 	switch m.opts.Scope {
 	case ScopeNamespace:
@@ -475,18 +534,9 @@ func (m *Manager) resolve(ctx context.Context, req Request) (Key, schema.GroupVe
 			key.Namespace = req.Namespace
 		}
 	case ScopeAutomatic:
-		nsKey := key
-		nsKey.Namespace = req.Namespace
-		// A running namespaced Source keeps serving its namespace even if
-		// the access review now answers otherwise (a review that failed
-		// answers "namespace", one that succeeds later "cluster"): a
-		// client resuming from what it served must find it, not a new
-		// informer that began after its resume point.
-		if m.running(nsKey) || !m.mayWatchCluster(ctx, key.GVR) {
-			key.Namespace = req.Namespace
-		}
+		key.Namespace = m.automaticNamespace(ctx, key, req)
 	}
-	return key, gvk, nil
+	return key, gvk, automatic, nil
 }
 
 // broader returns the Key of a running Source without key's field
@@ -564,9 +614,24 @@ func (m *Manager) reviewClusterAccess(ctx context.Context, gvr schema.GroupVersi
 // the hold, and whether it started the Source. It enforces MaxSources and
 // MaxSourcesPerOwner, and asks req.AdmitNew before it starts a Source.
 func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, req Request) (_ *Source, _ func(), started bool, _ error) {
-	holder, owner, existingOnly := req.Holder, req.Owner, req.ExistingInformerOnly
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.acquireLocked(key, gvk, hold{holder: req.Holder, owner: req.Owner, existingOnly: req.ExistingInformerOnly, admitNew: req.AdmitNew, limited: true})
+}
+
+// hold is who acquires a Source, and how.
+type hold struct {
+	holder, owner string
+	existingOnly  bool
+	admitNew      func() error
+	// limited: MaxSourcesPerOwner applies. A subscription that moves
+	// between Sources (scope.go) is not: it held one already.
+	limited bool
+}
+
+// acquireLocked is acquire, with m.mu held.
+func (m *Manager) acquireLocked(key Key, gvk schema.GroupVersionKind, h hold) (_ *Source, _ func(), started bool, _ error) {
+	holder, owner := h.holder, h.owner
 	if m.closed {
 		return nil, nil, false, ErrStopped
 	}
@@ -577,17 +642,17 @@ func (m *Manager) acquire(key Key, gvk schema.GroupVersionKind, req Request) (_ 
 		m.removeLocked(key, e)
 		e = nil
 	}
-	if e == nil && existingOnly {
+	if e == nil && h.existingOnly {
 		return nil, nil, false, fmt.Errorf("%w: %s, and the request asked not to start one", ErrNoInformer, key)
 	}
-	if owner != OwnerInternal && (e == nil || e.owners[owner] == 0) {
+	if h.limited && owner != OwnerInternal && (e == nil || e.owners[owner] == 0) {
 		if max := m.opts.MaxSourcesPerOwner; max > 0 && m.owned[owner] >= max {
 			return nil, nil, false, fmt.Errorf("%w: %s already holds %d informers, the most one caller may hold at once; close some streams first", ErrLimit, owner, max)
 		}
 	}
 	if e == nil {
-		if req.AdmitNew != nil {
-			if err := req.AdmitNew(); err != nil {
+		if h.admitNew != nil {
+			if err := h.admitNew(); err != nil {
 				return nil, nil, false, err
 			}
 		}
@@ -637,6 +702,11 @@ func (m *Manager) makeRoomLocked() error {
 func (m *Manager) release(key Key, e *entry, holder, owner string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.releaseLocked(key, e, holder, owner)
+}
+
+// releaseLocked is release, with m.mu held.
+func (m *Manager) releaseLocked(key Key, e *entry, holder, owner string) {
 	e.refs--
 	if e.holders[holder]--; e.holders[holder] == 0 {
 		delete(e.holders, holder)
@@ -821,6 +891,9 @@ func (m *Manager) Close() {
 	m.closing.Store(true)
 	m.mu.Lock()
 	m.closed = true
+	for _, st := range m.scopes {
+		st.clearBelow()
+	}
 	for key, e := range m.sources {
 		m.removeLocked(key, e)
 	}

@@ -86,7 +86,7 @@ func TestManagerRefCounts(t *testing.T) {
 	a := mustSub(t, m, "", "a", "test")
 	b := mustSub(t, m, "", "b", "test")
 	c := mustSub(t, m, "", "b", "test")
-	if a.src != b.src || b.src != c.src || made.Load() != 1 {
+	if a.source() != b.source() || b.source() != c.source() || made.Load() != 1 {
 		t.Fatalf("3 subscriptions of one key made %d upstreams", made.Load())
 	}
 	infos := m.Sources()
@@ -102,7 +102,7 @@ func TestManagerRefCounts(t *testing.T) {
 	}
 	d := mustSub(t, m, "", "d", "test")
 	defer d.Close()
-	if d.src != a.src || made.Load() != 1 || d.src.stopped() {
+	if d.source() != a.source() || made.Load() != 1 || d.source().stopped() {
 		t.Fatal("re-subscribing within the linger TTL did not reuse the lingering Source")
 	}
 }
@@ -139,7 +139,7 @@ func TestManagerEvictionInterleavings(t *testing.T) {
 	}
 	s2 := mustSub(t, m, "", "x", "test")
 	defer s2.Close()
-	if s2.src == e.src || made.Load() != 2 {
+	if s2.source() == e.src || made.Load() != 2 {
 		t.Fatal("a subscription after eviction did not start a new Source")
 	}
 }
@@ -149,7 +149,7 @@ func TestManagerEvictionInterleavings(t *testing.T) {
 func TestManagerLingerTTLExpires(t *testing.T) {
 	m, _, _ := newTestManager(t, Options{LingerTTL: 50 * time.Millisecond})
 	s := mustSub(t, m, "", "x", "test")
-	src := s.src
+	src := s.source()
 	s.Close()
 	select {
 	case <-src.done:
@@ -168,14 +168,14 @@ func TestManagerLingerTTLExpires(t *testing.T) {
 func TestManagerReplacesAStoppedSource(t *testing.T) {
 	m, _, made := newTestManager(t, Options{LingerTTL: time.Hour})
 	old := mustSub(t, m, "", "x", "test")
-	old.src.stop()
+	old.source().stop()
 	fresh := mustSub(t, m, "", "y", "test")
 	defer fresh.Close()
-	if fresh.src == old.src || made.Load() != 2 {
+	if fresh.source() == old.source() || made.Load() != 2 {
 		t.Fatal("a new subscription was given the stopped Source")
 	}
 	old.Close() // releasing the replaced entry must not touch the new one
-	if e := m.entryFor(t, Key{GVR: testGVR}); e == nil || e.src != fresh.src || e.refs != 1 {
+	if e := m.entryFor(t, Key{GVR: testGVR}); e == nil || e.src != fresh.source() || e.refs != 1 {
 		t.Fatalf("after the old holder left, the key maps to %+v", e)
 	}
 }
@@ -192,13 +192,13 @@ func TestManagerMaxSources(t *testing.T) {
 	defer c.Close()
 	defer b.Close()
 	m.wg.Wait()
-	if !a.src.stopped() || b.src.stopped() {
+	if !a.source().stopped() || b.source().stopped() {
 		t.Fatal("the lingering Source was not the one stopped for a new one")
 	}
 	if _, err := sub(t, m, "d", "x", "test"); !errors.Is(err, ErrLimit) {
 		t.Fatalf("a 3rd Source with 2 in use: %v, want ErrLimit", err)
 	}
-	if b.src.stopped() || c.src.stopped() {
+	if b.source().stopped() || c.source().stopped() {
 		t.Fatal("a refused request stopped a Source in use")
 	}
 }
@@ -235,15 +235,15 @@ func TestManagerMaxSourcesPerOwner(t *testing.T) {
 func TestManagerHoldCountsForItsOwner(t *testing.T) {
 	m, _, _ := newTestManager(t, Options{LingerTTL: time.Hour, MaxSourcesPerOwner: 1})
 	ctx := t.Context()
-	key, release, err := m.Hold(ctx, Request{GVR: testGVR, Namespace: "a", FieldSelector: "a", Owner: "mallory", Holder: "status"})
+	held, err := m.Hold(ctx, Request{GVR: testGVR, Namespace: "a", FieldSelector: "a", Owner: "mallory", Holder: "status"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer release()
-	if e := m.entryFor(t, key); e == nil || e.owners["mallory"] != 1 {
-		t.Fatalf("Hold did not acquire %v for its owner", key)
+	defer held.Release()
+	if e := m.entryFor(t, held.Key()); e == nil || e.owners["mallory"] != 1 {
+		t.Fatalf("Hold did not acquire %v for its owner", held.Key())
 	}
-	if _, _, err := m.Hold(ctx, Request{GVR: testGVR, Namespace: "b", FieldSelector: "b", Owner: "mallory"}); !errors.Is(err, ErrLimit) {
+	if _, err := m.Hold(ctx, Request{GVR: testGVR, Namespace: "b", FieldSelector: "b", Owner: "mallory"}); !errors.Is(err, ErrLimit) {
 		t.Fatalf("a 2nd held Source for one owner: %v, want ErrLimit", err)
 	}
 	for _, ns := range []string{"a", "b"} {

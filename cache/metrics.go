@@ -14,6 +14,8 @@ type metrics struct {
 	eventsIn        prometheus.Counter
 	catchUps        prometheus.Counter
 	objectsRefused  prometheus.Counter
+	moves           prometheus.Counter
+	scopeChanges    *prometheus.CounterVec
 }
 
 // newMetrics creates the metrics and registers them on reg if it is not nil.
@@ -28,9 +30,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		eventsIn:        prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_events_in_total", Help: "Events received from the API server (relists count their difference)."}),
 		catchUps:        prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_subscriber_catchups_total", Help: "Times a subscriber fell out of an event log and was caught up from the store."}),
 		objectsRefused:  prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_objects_refused_total", Help: "Object states not served because they were larger than -max-object-bytes."}),
+		moves:           prometheus.NewCounter(prometheus.CounterOpts{Name: "informerd_subscriber_moves_total", Help: "Subscriptions moved, without a RESET, to another informer of their resource when the automatic scope changed the one that serves their namespace."}),
+		scopeChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "informerd_scope_changes_total",
+			Help: "Times the automatic scope changed how a resource's namespaced subscriptions are served: to=cluster (one cluster-wide informer) or to=namespace (an informer per namespace)."}, []string{"to"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.sources, m.subscribers, m.objects, m.upstreamLists, m.upstreamWatches, m.upstreamRelists, m.eventsIn, m.catchUps, m.objectsRefused)
+		reg.MustRegister(m.sources, m.subscribers, m.objects, m.upstreamLists, m.upstreamWatches, m.upstreamRelists, m.eventsIn, m.catchUps, m.objectsRefused, m.moves, m.scopeChanges)
 	}
 	return m
 }

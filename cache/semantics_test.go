@@ -130,7 +130,7 @@ func TestResumeFromTheFutureWaits(t *testing.T) {
 		s := startTestSource(t, up, LogLimits{})
 		started := make(chan *Subscription, 1)
 		go func() {
-			sub := &Subscription{src: s, release: func() {}}
+			sub := newTestSubscription(s, Filter{})
 			if err := sub.start(ctx, "7", ""); err != nil {
 				t.Errorf("resume from 7: %v", err)
 			}
@@ -151,7 +151,7 @@ func TestResumeFromTheFutureWaits(t *testing.T) {
 			t.Fatalf("after resuming from 7: %v, want ADDED d@8", got)
 		}
 
-		late := &Subscription{src: s, release: func() {}}
+		late := newTestSubscription(s, Filter{})
 		err := late.start(ctx, "", "100")
 		var tn *TooNewError
 		if !errors.Is(err, ErrTooNew) || !errors.As(err, &tn) || tn.Want != 100 || tn.Current != 8 {
@@ -231,7 +231,7 @@ func TestRejectedRequestIsTerminal(t *testing.T) {
 	up := newFakeUpstream()
 	up.lists <- fakeList{err: apierrors.NewBadRequest(`field label not supported: spec.foo`)}
 	s := startTestSource(t, up, LogLimits{})
-	sub := &Subscription{src: s, release: func() {}}
+	sub := newTestSubscription(s, Filter{})
 	err := sub.start(t.Context(), "", "")
 	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "field label not supported: spec.foo") {
 		t.Fatalf("start = %v, want ErrRejected with the API server's message", err)

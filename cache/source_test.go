@@ -108,7 +108,7 @@ func startTestSource(t *testing.T, up upstream, limits LogLimits) *Source {
 
 func subscribe(t *testing.T, ctx context.Context, s *Source, f Filter, resume string) *Subscription {
 	t.Helper()
-	sub := &Subscription{src: s, filter: f, release: func() {}}
+	sub := newTestSubscription(s, f)
 	if err := sub.start(ctx, resume, ""); err != nil {
 		t.Fatalf("subscribing: %v", err)
 	}
@@ -304,7 +304,7 @@ func TestSubscribeFailsWhileTheFirstListFails(t *testing.T) {
 	up := newFakeUpstream()
 	up.lists <- fakeList{err: apierrors.NewServiceUnavailable("etcd is down")}
 	s := startTestSource(t, up, LogLimits{})
-	sub := &Subscription{src: s, release: func() {}}
+	sub := newTestSubscription(s, Filter{})
 	err := sub.start(context.Background(), "", "")
 	if !errors.Is(err, ErrNotSynced) || !apierrors.IsServiceUnavailable(err) {
 		t.Fatalf("start = %v, want ErrNotSynced wrapping the cause", err)
@@ -429,4 +429,12 @@ func TestWithStatusKeepsTheAPIServersMessage(t *testing.T) {
 	if got := withStatus(generic, []byte("not json")); !errors.Is(got, generic) || got.Error() != generic.Error() {
 		t.Fatalf("withStatus of a body that is no Status = %v, want the error unchanged", got)
 	}
+}
+
+// newTestSubscription returns a subscription of s through f that holds
+// nothing, for start.
+func newTestSubscription(s *Source, f Filter) *Subscription {
+	sub := &Subscription{filter: f, release: func() {}}
+	sub.src.Store(s)
+	return sub
 }

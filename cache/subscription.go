@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/btree"
@@ -14,18 +15,35 @@ import (
 // Next must be called from one goroutine at a time; Get, List and Close
 // may be called from any goroutine, Close once or more.
 type Subscription struct {
-	src    *Source
+	// src is the Source read. It changes only when the subscription
+	// moves to another Source (moves.go), on the reading goroutine.
+	src    atomic.Pointer[Source]
 	filter Filter
 	// cursor is the log position of the last event read; guarded by
-	// src.mu.
+	// src's mu.
 	cursor mark
 	// phase is a snapshot or a catch-up being read before the log; owned
 	// by the reading goroutine.
-	phase     phase
-	closeOnce sync.Once
-	release   func()
-	started   bool // Subscribe started the Source for it
+	phase   phase
+	started bool // Subscribe started the Source for it
+
+	// move is the Key of the Source the Manager asks the subscription to
+	// move to (moves.go), or nil; target is that Source once held, with
+	// targetRelease. mover acquires a Key for the subscription's holder
+	// (nil: it never moves).
+	move          atomic.Pointer[Key]
+	target        *Source
+	targetRelease func()
+	mover         func(key Key, like *Source) (*Source, func(), error)
+
+	mu      sync.Mutex // guards closed, release, target and targetRelease; held while the subscription moves
+	closed  bool
+	release func() // the hold on src
+	onClose func() // if set, called once after Close released the holds
 }
+
+// source returns the Source the subscription reads now.
+func (s *Subscription) source() *Source { return s.src.Load() }
 
 // phase is a read of a frozen copy of a Source's store or history, done
 // outside the Source's lock at the subscriber's pace: what a subscriber
@@ -51,7 +69,7 @@ const freshnessWait = 3 * time.Second
 // reached both resume and notOlderThan, so that a client never receives a
 // state older than one it has seen.
 func (s *Subscription) start(ctx context.Context, resume, notOlderThan string) error {
-	src := s.src
+	src := s.source()
 	src.mu.Lock()
 	defer src.mu.Unlock()
 	if err := src.waitSyncedLocked(ctx); err != nil {
@@ -105,7 +123,6 @@ func (s *Subscription) StartedSource() bool { return s.started }
 // every filter runs, outside the Source's lock: a subscriber never holds
 // the lock for work proportional to the store.
 func (s *Subscription) Next(ctx context.Context, max int) ([]*Event, error) {
-	src := s.src
 	for {
 		if s.phase != nil {
 			evs, done := s.phase.read(s.filter, max)
@@ -120,6 +137,14 @@ func (s *Subscription) Next(ctx context.Context, max int) ([]*Event, error) {
 			}
 			continue
 		}
+		var targetChanged <-chan struct{} // a move waits for its target to reach the cursor
+		if key := s.move.Load(); key != nil {
+			var moved bool
+			if moved, targetChanged = s.tryMove(key); moved {
+				continue
+			}
+		}
+		src := s.source()
 		src.mu.Lock()
 		l := src.events
 		evs, last, ok := l.since(s.cursor, max)
@@ -147,6 +172,7 @@ func (s *Subscription) Next(ctx context.Context, max int) ([]*Event, error) {
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			case <-ch:
+			case <-targetChanged:
 			}
 			continue
 		}
@@ -253,10 +279,14 @@ func (r *catchUp) read(f Filter, max int) ([]*Event, bool) {
 
 // TypeMeta returns the apiVersion and kind of the subscription's resource,
 // for the objects that carry markers (as the API server's bookmarks do).
-func (s *Subscription) TypeMeta() (apiVersion, kind string) { return s.src.apiVersion, s.src.kind }
+func (s *Subscription) TypeMeta() (apiVersion, kind string) {
+	src := s.source()
+	return src.apiVersion, src.kind
+}
 
-// Key returns the Key of the Source the subscription reads.
-func (s *Subscription) Key() Key { return s.src.key }
+// Key returns the Key of the Source the subscription reads now (it may
+// move to another: moves.go).
+func (s *Subscription) Key() Key { return s.source().key }
 
 // Get returns the object namespace/name as the Source stores it now, if
 // its filter admits it. It does not move the cursor and is safe to call
@@ -265,9 +295,10 @@ func (s *Subscription) Get(namespace, name string) (*Object, bool) {
 	if s.filter.Namespace != "" && namespace != s.filter.Namespace {
 		return nil, false
 	}
-	s.src.mu.Lock()
-	st := s.src.events.get(namespace, name)
-	s.src.mu.Unlock()
+	src := s.source()
+	src.mu.Lock()
+	st := src.events.get(namespace, name)
+	src.mu.Unlock()
 	if st == nil || !s.filter.matches(st.ev.Object, st.ev.Object.Labels) {
 		return nil, false
 	}
@@ -287,9 +318,10 @@ func (s *Subscription) List(namespace string, sel labels.Selector) []*Object {
 		}
 		namespace = s.filter.Namespace
 	}
-	s.src.mu.Lock()
-	objs := s.src.events.frozenObjects()
-	s.src.mu.Unlock()
+	src := s.source()
+	src.mu.Lock()
+	objs := src.events.frozenObjects()
+	src.mu.Unlock()
 	f := Filter{Namespace: namespace, Labels: sel}
 	var out []*Object
 	objs.AscendGreaterOrEqual(objAt(namespace, ""), func(it objItem) bool {
@@ -304,14 +336,25 @@ func (s *Subscription) List(namespace string, sel labels.Selector) []*Object {
 	return out
 }
 
-// Close releases the subscription's hold on its Source. It is idempotent.
+// Close releases the subscription's hold on its Source (and on the one it
+// was moving to). It is idempotent, and safe to call while Next runs.
 func (s *Subscription) Close() {
-	s.closeOnce.Do(func() {
-		s.src.mu.Lock()
-		delete(s.src.subs, s)
-		s.src.mu.Unlock()
-		s.release()
-	})
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	src, release := s.source(), s.release
+	s.mu.Unlock()
+	src.mu.Lock()
+	delete(src.subs, s)
+	src.mu.Unlock()
+	release()
+	s.dropTarget()
+	if s.onClose != nil {
+		s.onClose()
+	}
 }
 
 // waitSyncedLocked waits, with s.mu held (and released while it waits),

@@ -144,7 +144,7 @@ func (c *call) subscribe(req cache.Request, labelSelector string) (*cache.Subscr
 		sub.Close()
 		return nil, fmt.Errorf("%w: %s now names %s: retry", cache.ErrNotSynced, req.GVR.GroupResource(), sub.Key().GVR.GroupResource())
 	}
-	c.register(sub.Key())
+	c.register(sub.Key)
 	return sub, nil
 }
 
@@ -155,12 +155,12 @@ func (c *call) hold(a access) error {
 	if err := c.authorize(a); err != nil {
 		return err
 	}
-	key, release, err := c.s.opts.Cache.Hold(c.ctx, cache.Request{GVR: a.GVR, Namespace: a.Namespace, Owner: c.caller.name, Holder: c.holder, AdmitNew: c.admitNewInformer})
+	held, err := c.s.opts.Cache.Hold(c.ctx, cache.Request{GVR: a.GVR, Namespace: a.Namespace, Owner: c.caller.name, Holder: c.holder, AdmitNew: c.admitNewInformer})
 	if err != nil {
 		return err
 	}
-	c.releases = append(c.releases, release)
-	c.register(key)
+	c.releases = append(c.releases, held.Release)
+	c.register(held.Key)
 	return nil
 }
 
@@ -179,9 +179,9 @@ func (c *call) admitNewInformer() error {
 		errLimit, c.caller.name, l.NewInformersPerMinute, l.NewInformerBurst, retry.Round(time.Millisecond)))
 }
 
-// register shows the call as a holder of key in ListInformers until it
-// ends.
-func (c *call) register(key cache.Key) {
+// register shows the call as a holder of the informer key names (which
+// may change: cache.Subscription.Key) in ListInformers until it ends.
+func (c *call) register(key func() cache.Key) {
 	c.releases = append(c.releases, c.s.holds.add(&hold{caller: c.caller, client: c.holder, key: key}))
 }
 

@@ -76,7 +76,7 @@ func (s *Server) ListInformers(ctx context.Context, _ *informerdv1.ListInformers
 type hold struct {
 	caller *caller
 	client string
-	key    cache.Key
+	key    func() cache.Key // the informer it holds now
 }
 
 // holdRegistry is the open streams.
@@ -104,7 +104,8 @@ func (r *holdRegistry) byKey(keep func(*hold) bool) map[cache.Key][]*hold {
 	r.mu.Lock()
 	for h := range r.holds {
 		if keep(h) {
-			out[h.key] = append(out[h.key], h)
+			k := h.key()
+			out[k] = append(out[k], h)
 		}
 	}
 	r.mu.Unlock()

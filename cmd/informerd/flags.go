@@ -28,6 +28,7 @@ type config struct {
 	metricsAddr     string
 	scope           string
 	lingerTTL       time.Duration
+	scopeClusterAt  int
 	logMaxEvents    int
 	logMaxBytes     int64
 	logMinAge       time.Duration
@@ -82,6 +83,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.listenTCP, "listen-tcp", "", "loopback TCP address to serve on as well, e.g. 127.0.0.1:7650; empty: none")
 	fs.StringVar(&c.metricsAddr, "metrics-address", "127.0.0.1:7651", "address for /metrics, /healthz and /readyz; empty: none")
 	fs.StringVar(&c.scope, "scope", string(cache.ScopeAutomatic), "scope strategy for namespaced resources: automatic, cluster or namespace")
+	fs.IntVar(&c.scopeClusterAt, "scope-cluster-at", 8, "with -scope=automatic, the number of namespaces of a resource this node's clients ask for at which one cluster-wide informer replaces the informers per namespace (back to them once at most half as many are asked for, for -linger-ttl)")
 	fs.DurationVar(&c.lingerTTL, "linger-ttl", 2*time.Minute, "how long an unused informer keeps running before it is stopped")
 	fs.IntVar(&c.logMaxEvents, "log-max-events", 10000, "events each informer's log keeps once they are older than -log-min-age")
 	fs.Int64Var(&c.logMaxBytes, "log-max-bytes", 64<<20, "object bytes each informer's log may hold")
@@ -163,6 +165,9 @@ func parseFlags(args []string) (*config, error) {
 	case cache.ScopeAutomatic, cache.ScopeCluster, cache.ScopeNamespace:
 	default:
 		return nil, fmt.Errorf("-scope %q: want automatic, cluster or namespace", c.scope)
+	}
+	if c.scopeClusterAt < 1 {
+		return nil, fmt.Errorf("-scope-cluster-at %d: must be at least 1 (1 watches every resource cluster-wide)", c.scopeClusterAt)
 	}
 	if *prepare != "" {
 		o, err := parseOwner(*prepare)

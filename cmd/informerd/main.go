@@ -103,7 +103,7 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		minAge = -1 // cache.LogLimits: negative is none, zero the default
 	}
 	mgr, err := cache.NewManager(cache.Options{
-		Config: restCfg, Scope: cache.ScopeStrategy(c.scope), LingerTTL: c.lingerTTL,
+		Config: restCfg, Scope: cache.ScopeStrategy(c.scope), ClusterAt: c.scopeClusterAt, LingerTTL: c.lingerTTL,
 		Log:                cache.LogLimits{MaxEvents: c.logMaxEvents, MaxBytes: c.logMaxBytes, MinAge: minAge},
 		StripManagedFields: c.stripManaged, DisableWatchList: c.disableWatchLst, UpstreamTimeout: c.upstreamTimeout,
 		RecoveryWindow: c.recoveryWindow,

@@ -46,6 +46,7 @@ func TestParseFlagsNamesTheBadFlag(t *testing.T) {
 		{[]string{"-socket", ""}, "-socket"},
 		{[]string{"-scope", "galaxy"}, "-scope"},
 		{[]string{"-linger-ttl", "0s"}, "-linger-ttl"},
+		{[]string{"-scope-cluster-at", "0"}, "-scope-cluster-at"},
 		{[]string{"-log-max-events", "0"}, "-log-max-events"},
 		{[]string{"-upstream-timeout", "0s"}, "-upstream-timeout"},
 		{[]string{"-recovery-window", "-1s"}, "-recovery-window"},

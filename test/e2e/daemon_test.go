@@ -347,7 +347,13 @@ func hold(ctx context.Context, d time.Duration) {
 // daemon's introspection change asynchronously, with nothing to wait on.
 func eventually(ctx context.Context, t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+	poll(ctx, t, 30*time.Second, what, cond)
+}
+
+// poll is eventually with a timeout of its own.
+func poll(ctx context.Context, t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		return cond(), nil
 	})
 	if err != nil {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientfeatures "k8s.io/client-go/features"
@@ -182,7 +184,8 @@ func resyncAfterKill(t *testing.T) {
 	}
 }
 
-// counterValue returns the sum of name's counters with label value v.
+// counterValue returns the sum of name's counters with label value v (all
+// of them if v is "").
 func counterValue(reg *prometheus.Registry, name, v string) float64 {
 	mfs, _ := reg.Gather()
 	n := 0.0
@@ -191,10 +194,8 @@ func counterValue(reg *prometheus.Registry, name, v string) float64 {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetValue() == v {
-					n += m.GetCounter().GetValue()
-				}
+			if v == "" || slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetValue() == v }) {
+				n += m.GetCounter().GetValue()
 			}
 		}
 	}
