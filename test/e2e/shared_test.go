@@ -509,7 +509,9 @@ func TestLingerAndRefCount(t *testing.T) {
 	createCRD(ctx, t, dyn, gvr, "Lingerer")
 	ns := createNamespace(ctx, t, "linger")
 	const ttl = 3 * time.Second
-	d := startDaemon(t, cache.Options{LingerTTL: ttl, DisableWatchList: true})
+	// Cluster scope and LIST: the daemon's LIST is the only cluster-wide
+	// one (kube-controller-manager lists the namespaces it deletes).
+	d := startDaemon(t, cache.Options{LingerTTL: ttl, DisableWatchList: true, Scope: cache.ScopeCluster})
 	c := d.dial(t, reads(gvr, ns))
 	opts := client.WatchOptions{Resource: gvr, Namespace: ns, ClientName: "lingerer"}
 

@@ -267,37 +267,47 @@ func appliersWatches(ctx context.Context, t *testing.T, n int, invNS, gateGroup 
 }
 
 // TestAppliersShareUpstreamWatches: appliers that wait through informerd
-// cost the API server one watch per resource, five as much as one; with
-// cli-utils' DefaultStatusWatcher each applier costs one watch per
-// resource of its inventory (and LISTs of ReplicaSets and Pods instead of
-// watches). The API server's own metrics count them.
+// cost the API server one watch per resource and namespace they wait in:
+// with the default scope, five appliers in five namespaces (fewer than
+// -scope-cluster-at) cost five namespaced watches of each resource, each
+// receiving its namespace's events once; with -scope=cluster they cost
+// one watch per resource, as much as one applier. With cli-utils'
+// DefaultStatusWatcher each applier costs one watch per resource of its
+// inventory (and LISTs of ReplicaSets and Pods instead of watches). The
+// API server's own metrics count them.
 func TestAppliersShareUpstreamWatches(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	gateGroup := createGateCRD(ctx, t)
 	invNS := createNamespace(ctx, t, "inventory")
-	throughDaemon := func(n int) []int {
-		d := startDaemon(t, cache.Options{})
+	throughDaemon := func(n int, scope cache.ScopeStrategy) []int {
+		d := startDaemon(t, cache.Options{Scope: scope})
 		defer d.stop() // its informers stop with it: the next phase starts from nothing
 		return appliersWatches(ctx, t, n, invNS, gateGroup, func(i int) waiter { return d.waiter(t, fmt.Sprintf("applier-%d", i)) })
 	}
 	direct := func(n int) []int {
 		return appliersWatches(ctx, t, n, invNS, gateGroup, func(int) waiter { return waiter{} })
 	}
-	oneDaemon, fiveDaemon := throughDaemon(1), throughDaemon(5)
+	oneDaemon, fiveDaemon, fiveCluster := throughDaemon(1, cache.ScopeAutomatic), throughDaemon(5, cache.ScopeAutomatic), throughDaemon(5, cache.ScopeCluster)
 	oneDirect, fiveDirect := direct(1), direct(5)
 	var b strings.Builder
 	fmt.Fprintf(&b, "upstream watches added while the appliers wait (%s):\n", resourceNames(statusResources(gateGroup)))
 	for _, row := range []struct {
 		name string
 		n    []int
-	}{{"1 applier, informerd", oneDaemon}, {"5 appliers, informerd", fiveDaemon}, {"1 applier, direct", oneDirect}, {"5 appliers, direct", fiveDirect}} {
-		fmt.Fprintf(&b, "  %-22s %v\n", row.name, row.n)
+	}{
+		{"1 applier, informerd", oneDaemon}, {"5 appliers, informerd", fiveDaemon}, {"5 appliers, -scope=cluster", fiveCluster},
+		{"1 applier, direct", oneDirect}, {"5 appliers, direct", fiveDirect},
+	} {
+		fmt.Fprintf(&b, "  %-27s %v\n", row.name, row.n)
 	}
 	t.Log(b.String())
 
-	if want := []int{1, 1, 1, 1, 1, 1}; !slices.Equal(oneDaemon, want) || !slices.Equal(fiveDaemon, want) {
-		t.Fatalf("through informerd: 1 applier %v, 5 appliers %v; want %v each (one watch per resource)", oneDaemon, fiveDaemon, want)
+	if want := []int{1, 1, 1, 1, 1, 1}; !slices.Equal(oneDaemon, want) || !slices.Equal(fiveCluster, want) {
+		t.Fatalf("through informerd: 1 applier %v, 5 appliers with -scope=cluster %v; want %v each (one watch per resource)", oneDaemon, fiveCluster, want)
+	}
+	if want := []int{5, 5, 5, 5, 5, 5}; !slices.Equal(fiveDaemon, want) {
+		t.Fatalf("through informerd, 5 appliers in 5 namespaces: %v, want %v (one watch per resource and namespace)", fiveDaemon, want)
 	}
 	if want := []int{1, 1, 1, 1, 0, 0}; !slices.Equal(oneDirect, want) {
 		t.Fatalf("1 direct applier %v, want %v", oneDirect, want)
