@@ -151,12 +151,13 @@ bench-idle: controlplane build ## Daemon CPU, goroutines and memory of 1,000 idl
 	$(GO) build -o $(BIN)/bench ./test/bench
 	$(BIN)/bench idle -bin $(BIN) $(BENCH_IDLE_FLAGS)
 
-# BENCH_FLEET_FLAGS go to `bench fleet` (e.g. BENCH_FLEET_FLAGS="-k 100 -modes informerd,informerd-norecovery").
+# BENCH_FLEET_FLAGS go to `bench fleet` (e.g. BENCH_FLEET_FLAGS="-k 100 -modes informerd,informerd-norecovery",
+# or "-profile mesh -k 10,50": a proxy per Pod of each node).
 # BENCH_QUICK=1: K = 10 only, shorter windows (a few minutes).
 BENCH_FLEET_FLAGS ?=
 
 .PHONY: bench-fleet
-bench-fleet: controlplane build ## K simulated nodes (10, 50, 100), each an informerd with 5 consumers, vs the same consumers direct: API server cost, rolling upgrade, API server restart (docs/scale.md).
+bench-fleet: controlplane build ## K simulated nodes (10, 50, 100), each an informerd with 5 consumers (-profile mesh: a proxy per Pod), vs the same consumers direct: API server cost, events against the floor, rolling upgrade, API server restart (docs/scale.md).
 	$(GO) build -o $(BIN)/bench ./test/bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench fleet -bin $(BIN) $(BENCH_FLEET_FLAGS)
 

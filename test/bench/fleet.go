@@ -42,10 +42,11 @@ import (
 
 // `bench fleet` simulates K nodes of a cluster on one machine (issue 19,
 // docs/scale.md): K informerd processes, each the daemon of one kwok node
-// (-node-name), each with M = 5 local consumers (fleetRoles: two node
-// agents watching their node's Pods, two proxies watching every Service
-// and EndpointSlice, an applier watching its namespace's ConfigMaps),
-// against the same K x M consumers as direct client-go informers. Every
+// (-node-name), each with the local consumers of its profile (fleetRoles;
+// "mix": two node agents watching their node's Pods, two proxies watching
+// every Service and EndpointSlice, an applier watching its namespace's
+// ConfigMaps; "mesh": a proxy for each of the node's Pods), against the
+// same consumers as direct client-go informers. Every
 // consumer is a typed informer in protobuf with a watch of its own, as a
 // process of its own would have; consumers are grouped into at most
 // fleetProcesses processes (fleetnode.go) so that the machine holds them.
@@ -68,6 +69,7 @@ const (
 var fleetModes = []string{fleetDirect, fleetInformerd, fleetNoRecovery}
 
 type fleetWorkload struct {
+	Profile         string        `json:"profile"`
 	Nodes           int           `json:"clusterNodes"`
 	PodsPerNode     int           `json:"podsPerNode"`
 	Services        int           `json:"services"`
@@ -111,6 +113,13 @@ type fleetRun struct {
 	APIRSSBytes     uint64             `json:"apiserverRssBytes"`
 	WatchEvents     float64            `json:"watchEvents"`
 	WatchEventBytes float64            `json:"watchEventBytes"`
+	// NodeEvents are the events the simulated nodes received from the API
+	// server: direct, their consumers' informers; through informerd, their
+	// daemons (informerd_events_in_total). FloorEvents are the events
+	// they need, each once: for each node, one consumer of each distinct
+	// watch (consumers of a kind on a node watch the same).
+	NodeEvents  float64 `json:"nodeEvents"`
+	FloorEvents float64 `json:"floorEvents"`
 	// EventsByResource and EventBytesByResource split them by resource
 	// (the API server's own watchers, such as the scheduler's and kwok's,
 	// included).
@@ -146,7 +155,7 @@ type fleetDisruption struct {
 
 func runFleetBench(args []string) error {
 	quick := os.Getenv("BENCH_QUICK") == "1"
-	w := fleetWorkload{Nodes: 100, PodsPerNode: 30, Services: 50, EndpointsPer: 20, ConfigMapsPerNS: 100,
+	w := fleetWorkload{Profile: profileMix, Nodes: 100, PodsPerNode: 30, Services: 50, EndpointsPer: 20, ConfigMapsPerNS: 100,
 		Ks: []int{10, 50, 100}, Modes: fleetModes, Rate: 50, Steady: time.Minute, Outage: time.Minute, RecoveryWindow: 10 * time.Second}
 	if quick {
 		w.Ks, w.Steady, w.Outage = []int{10}, 20*time.Second, 30*time.Second
@@ -156,6 +165,7 @@ func runFleetBench(args []string) error {
 	out := fs.String("out", "_output/bench/fleet.json", "where to write the results as JSON")
 	ks := fs.String("k", joinInts(w.Ks), "comma-separated numbers of simulated nodes (each one informerd process)")
 	modeList := fs.String("modes", strings.Join(w.Modes, ","), "comma-separated modes: "+strings.Join(fleetModes, ", "))
+	fs.StringVar(&w.Profile, "profile", w.Profile, "node profile: mix (2 node agents, 2 proxies, an applier per node) or mesh (a proxy per Pod of the node: -pods-per-node)")
 	fs.IntVar(&w.Nodes, "cluster-nodes", w.Nodes, "kwok nodes in the cluster, Pods spread over them (at least the largest -k)")
 	fs.IntVar(&w.PodsPerNode, "pods-per-node", w.PodsPerNode, "Pods per node")
 	fs.IntVar(&w.Rate, "rate", w.Rate, "writes per second of the churn (Pods half, EndpointSlices and ConfigMaps a quarter each)")
@@ -179,6 +189,8 @@ func runFleetBench(args []string) error {
 		}
 	}
 	switch {
+	case !slices.Contains(fleetProfiles, w.Profile):
+		return fmt.Errorf("-profile: unknown profile %q (want one of %s)", w.Profile, strings.Join(fleetProfiles, ", "))
 	case slices.Max(w.Ks) > w.Nodes:
 		return fmt.Errorf("-k %d is more than -cluster-nodes %d", slices.Max(w.Ks), w.Nodes)
 	case w.PodsPerNode < 1 || w.Rate < 1 || w.Steady <= 0 || w.Outage <= 0 || w.RecoveryWindow <= 0:
@@ -256,10 +268,10 @@ var (
 // daemonSA is the daemons' ServiceAccount, in fleetNamespace(0).
 const daemonSA = "fleet-informerd"
 
-// fleetScraper reads the daemons' CPU profiles (-cpu-profiles).
+// fleetScraper reads the daemons' metrics and CPU profiles (-cpu-profiles).
 const fleetScraper = "fleet-scraper"
 
-var profileRule = rbacv1.PolicyRule{NonResourceURLs: []string{"/debug/pprof/profile"}, Verbs: []string{"get"}}
+var profileRule = rbacv1.PolicyRule{NonResourceURLs: []string{"/metrics", "/debug/pprof/profile"}, Verbs: []string{"get"}}
 
 // populate creates the cluster: namespaces, kwok nodes, Pods bound to
 // them (Running), Services with an EndpointSlice each, ConfigMaps, the
@@ -394,7 +406,7 @@ func ptr[T any](v T) *T { return &v }
 // run is one mode at k nodes: start, steady churn, a rolling upgrade and
 // an API server restart (informerd-norecovery: the restart only).
 func (h *fleetHarness) run(ctx context.Context, mode string, k int) (fleetRun, error) {
-	r := fleetRun{Mode: mode, K: k, Consumers: k * len(fleetRoles)}
+	r := fleetRun{Mode: mode, K: k, Consumers: k * len(fleetRoles(h.w.Profile, h.w.PodsPerNode))}
 	f := &fleet{h: h, mode: mode, k: k, daemons: make([]*daemon, k)}
 	defer f.stop()
 	if err := h.tokens(ctx); err != nil {
@@ -557,7 +569,8 @@ func (f *fleet) start(ctx context.Context) error {
 			return (&net.Dialer{}).DialContext(ctx, "unix", fp.socket)
 		}}}
 		fp.cmd = exec.Command(f.h.self, "fleetnodes", "-mode", f.mode, "-kubeconfig", f.h.cp.KubeconfigPath,
-			"-socket-dir", f.h.dir, "-token-dir", f.h.dir, "-first-node", strconv.Itoa(first), "-nodes", strconv.Itoa(fp.num), "-listen", fp.socket)
+			"-socket-dir", f.h.dir, "-token-dir", f.h.dir, "-first-node", strconv.Itoa(first), "-nodes", strconv.Itoa(fp.num), "-listen", fp.socket,
+			"-profile", f.h.w.Profile, "-pods-per-node", strconv.Itoa(f.h.w.PodsPerNode))
 		fp.cmd.Stderr = os.Stderr
 		fp.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		var err error
@@ -637,6 +650,14 @@ func (f *fleet) steady(ctx context.Context, r *fleetRun) error {
 	if err != nil {
 		return err
 	}
+	states0, err := f.states()
+	if err != nil {
+		return err
+	}
+	daemonEvents0, err := f.daemonEvents(ctx)
+	if err != nil {
+		return err
+	}
 	churn := h.churn(ctx)
 	profiled := f.profileCPU(ctx)
 	if err := sleep(ctx, h.w.Steady); err != nil {
@@ -652,6 +673,19 @@ func (f *fleet) steady(ctx context.Context, r *fleetRun) error {
 	if err := churn(); err != nil {
 		return err
 	}
+	states1, err := f.states()
+	if err != nil {
+		return err
+	}
+	daemonEvents1, err := f.daemonEvents(ctx)
+	if err != nil {
+		return err
+	}
+	consumers, floor := nodeEvents(states0, states1)
+	r.NodeEvents, r.FloorEvents = consumers, floor
+	if f.mode != fleetDirect {
+		r.NodeEvents = daemonEvents1 - daemonEvents0
+	}
 	dCPU1, dRSS, cCPU1, cRSS := f.usage()
 	r.Watches = after.byResource
 	r.Lists = after.lists - before.lists
@@ -663,6 +697,73 @@ func (f *fleet) steady(ctx context.Context, r *fleetRun) error {
 	r.DaemonCPU, r.DaemonRSS, r.ConsumerCPU, r.ConsumerRSS = dCPU1-dCPU0, dRSS, cCPU1-cCPU0, cRSS
 	r.SteadyLost, err = f.lost(ctx)
 	return err
+}
+
+// states reads every consumer's state from the consumer processes.
+func (f *fleet) states() ([]consumerState, error) {
+	var all []consumerState
+	for _, p := range f.procs {
+		resp, err := p.http.Get("http://fleet/state")
+		if err != nil {
+			return nil, err
+		}
+		var states []consumerState
+		err = json.NewDecoder(resp.Body).Decode(&states)
+		resp.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, states...)
+	}
+	return all, nil
+}
+
+// daemonEvents sums informerd_events_in_total over the daemons: the
+// events they received from the API server. It is 0 in mode direct.
+func (f *fleet) daemonEvents(ctx context.Context) (float64, error) {
+	var sum float64
+	for _, d := range f.daemons {
+		if d == nil {
+			continue
+		}
+		b, err := scrape(ctx, d.metrics+"/metrics", f.h.scraper)
+		if err != nil {
+			return 0, err
+		}
+		sum += metricSum(b, "informerd_events_in_total")
+	}
+	return sum, nil
+}
+
+// nodeEvents returns the events every consumer received between before
+// and after, and the floor: for each node, the events of one consumer of
+// each kind (roleKind), whose consumers on one node watch the same; the
+// kinds watch different resources, so the floor is what a node needs,
+// each event once.
+func nodeEvents(before, after []consumerState) (all, floor float64) {
+	type id struct {
+		node int
+		role string
+	}
+	was := map[id]int64{}
+	for _, st := range before {
+		was[id{st.Node, st.Role}] = st.Events
+	}
+	type kindOf struct {
+		node int
+		kind string
+	}
+	perKind := map[kindOf]int64{}
+	for _, st := range after {
+		n := st.Events - was[id{st.Node, st.Role}]
+		all += float64(n)
+		k := kindOf{st.Node, roleKind(st.Role)}
+		perKind[k] = max(perKind[k], n)
+	}
+	for _, n := range perKind {
+		floor += float64(n)
+	}
+	return all, floor
 }
 
 // profileCPU starts a CPU profile of node 0's daemon over the steady
@@ -850,21 +951,13 @@ func (f *fleet) lost(ctx context.Context) (int, error) {
 		if err != nil {
 			return false, nil // the API server may be coming back
 		}
+		states, err := f.states()
+		if err != nil {
+			return false, err
+		}
 		diff = 0
-		for _, p := range f.procs {
-			resp, err := p.http.Get("http://fleet/state")
-			if err != nil {
-				return false, err
-			}
-			var states []consumerState
-			err = json.NewDecoder(resp.Body).Decode(&states)
-			resp.Body.Close()
-			if err != nil {
-				return false, err
-			}
-			for _, st := range states {
-				diff += mapDiff(st.Items, want.scope(st.Role, st.Node))
-			}
+		for _, st := range states {
+			diff += mapDiff(st.Items, want.scope(st.Role, st.Node))
 		}
 		return diff == 0, nil
 	})
@@ -1125,10 +1218,10 @@ func (f *fleet) restartAPIServer(ctx context.Context) (*fleetDisruption, error) 
 
 func printFleet(w io.Writer, runs []fleetRun) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tK\twatches p/s/es/cm\tLIST+WATCH at start\tAPI CPU s\tAPI RSS MiB\twatch events\twatch MB\tdaemons CPU s\tdaemons MiB\tconsumers CPU s\tconsumers MiB\tsync s\tlost\tupgrade catch-up max/med s\tupgrade peak req/s\tupgrade lists\trestart converge s\trestart peak req/s\trestart lists\tlost (upg/restart)\t")
+	fmt.Fprintln(tw, "mode\tK\twatches p/s/es/cm\tLIST+WATCH at start\tAPI CPU s\tAPI RSS MiB\twatch events\twatch MB\tnode events\tfloor\tdaemons CPU s\tdaemons MiB\tconsumers CPU s\tconsumers MiB\tsync s\tlost\tupgrade catch-up max/med s\tupgrade peak req/s\tupgrade lists\trestart converge s\trestart peak req/s\trestart lists\tlost (upg/restart)\t")
 	for _, r := range runs {
 		if r.Watches == nil { // the restart only
-			fmt.Fprintf(tw, "%s\t%d\t-\t%.0f+%.0f\t-\t-\t-\t-\t-\t-\t-\t-\t%.1f\t-\t-\t-\t-\t%.1f\t%.0f\t%.0f\t-/%d\t\n",
+			fmt.Fprintf(tw, "%s\t%d\t-\t%.0f+%.0f\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%.1f\t-\t-\t-\t-\t%.1f\t%.0f\t%.0f\t-/%d\t\n",
 				r.Mode, r.K, r.StartLists, r.StartWatches, r.SyncSeconds, r.Restart.Seconds, r.Restart.PeakRequestsPerSecond, r.Restart.Lists, r.Restart.Lost)
 			continue
 		}
@@ -1144,9 +1237,9 @@ func printFleet(w io.Writer, runs []fleetRun) {
 			rs = fmt.Sprintf("%.1f\t%.0f\t%.0f\t", x.Seconds, x.PeakRequestsPerSecond, x.Lists)
 			lostR = strconv.Itoa(x.Lost)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.0f/%.0f/%.0f/%.0f\t%.0f+%.0f\t%.1f\t%.0f\t%.0f\t%.1f\t%.1f\t%.0f\t%.1f\t%.0f\t%.1f\t%d\t%s%s%s/%s\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%.0f/%.0f/%.0f/%.0f\t%.0f+%.0f\t%.1f\t%.0f\t%.0f\t%.1f\t%.0f\t%.0f\t%.1f\t%.0f\t%.1f\t%.0f\t%.1f\t%d\t%s%s%s/%s\t\n",
 			r.Mode, r.K, r.Watches["pods"], r.Watches["services"], r.Watches["endpointslices"], r.Watches["configmaps"],
-			r.StartLists, r.StartWatches, r.APICPUSeconds, float64(r.APIRSSBytes)/(1<<20), r.WatchEvents, r.WatchEventBytes/1e6,
+			r.StartLists, r.StartWatches, r.APICPUSeconds, float64(r.APIRSSBytes)/(1<<20), r.WatchEvents, r.WatchEventBytes/1e6, r.NodeEvents, r.FloorEvents,
 			r.DaemonCPU, float64(r.DaemonRSS)/(1<<20), r.ConsumerCPU, float64(r.ConsumerRSS)/(1<<20), r.SyncSeconds, r.SteadyLost,
 			upg, rs, lostU, lostR)
 	}

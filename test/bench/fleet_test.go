@@ -47,3 +47,30 @@ func TestFleetScopes(t *testing.T) {
 		t.Errorf("a node agent watches %+v, want its node's Pods", got)
 	}
 }
+
+// TestNodeEvents: the floor counts each node's events once per kind of
+// consumer, whatever the number of consumers of that kind; a node's
+// consumers together count every delivery.
+func TestNodeEvents(t *testing.T) {
+	before := []consumerState{{Node: 0, Role: "proxy-0", Events: 10}, {Node: 0, Role: "proxy-1", Events: 10}, {Node: 0, Role: "applier", Events: 5}, {Node: 1, Role: "proxy-0", Events: 0}}
+	after := []consumerState{{Node: 0, Role: "proxy-0", Events: 110}, {Node: 0, Role: "proxy-1", Events: 109}, {Node: 0, Role: "applier", Events: 8}, {Node: 1, Role: "proxy-0", Events: 100}}
+	all, floor := nodeEvents(before, after)
+	if all != 100+99+3+100 || floor != 100+3+100 {
+		t.Fatalf("nodeEvents = %v, %v; want 302 delivered, a floor of 203", all, floor)
+	}
+}
+
+// TestMeshRoles: the mesh profile runs a proxy per Pod of the node, each
+// watching every Service and EndpointSlice; the mix keeps its five.
+func TestMeshRoles(t *testing.T) {
+	mesh := fleetRoles(profileMesh, 30)
+	if len(mesh) != 30 || roleKind(mesh[29]) != "proxy" || fleetSA(mesh[29]) != fleetSA("proxy-0") {
+		t.Fatalf("mesh roles %v, want 30 proxies with the proxies' ServiceAccount", mesh)
+	}
+	if w := fleetWatches(mesh[17], 4); len(w) != 2 || w[0].gvr != servicesGVR || w[1].gvr != slicesGVR {
+		t.Fatalf("a mesh proxy watches %+v, want every Service and EndpointSlice", w)
+	}
+	if got := fleetRoles(profileMix, 30); len(got) != 5 {
+		t.Fatalf("mix roles %v, want 5", got)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,9 +29,30 @@ import (
 	"github.com/informerd/informerd/client"
 )
 
-// The consumers of one simulated node (fleet.go): M = 5 processes of
-// three kinds that real nodes run.
-var fleetRoles = []string{"agent-0", "agent-1", "proxy-0", "proxy-1", "applier"}
+// The node profiles of `bench fleet`: what consumers one simulated node
+// runs.
+const (
+	// profileMix: M = 5 processes of three kinds that real nodes run.
+	profileMix = "mix"
+	// profileMesh: a node of meshed Pods, each with a data-plane proxy
+	// watching every Service and EndpointSlice.
+	profileMesh = "mesh"
+)
+
+var fleetProfiles = []string{profileMix, profileMesh}
+
+// fleetRoles are the consumers of one simulated node of profile: with
+// profileMesh, one proxy per Pod of the node.
+func fleetRoles(profile string, podsPerNode int) []string {
+	if profile != profileMesh {
+		return []string{"agent-0", "agent-1", "proxy-0", "proxy-1", "applier"}
+	}
+	roles := make([]string, podsPerNode)
+	for i := range roles {
+		roles[i] = fmt.Sprintf("proxy-%d", i)
+	}
+	return roles
+}
 
 // roleKind is what a role is: agent, proxy or applier.
 func roleKind(role string) string {
@@ -85,6 +107,10 @@ type consumer struct {
 	done    sync.WaitGroup
 	closeFn func()
 
+	// events counts the adds, updates and deletes its informers' handlers
+	// received: what the API server (direct) or the daemon sent it.
+	events atomic.Int64
+
 	mu   sync.Mutex
 	seen map[string]seenAt // probes: the newest resourceVersion and when
 }
@@ -100,6 +126,7 @@ type seenAt struct {
 // until stdin closes.
 type fleetNodes struct {
 	mode, kubeconfig, socketDir, tokenDir string
+	roles                                 []string // of each node
 
 	mu        sync.Mutex
 	consumers map[int][]*consumer // by node
@@ -115,9 +142,12 @@ func runFleetNodes(args []string) error {
 	first := fs.Int("first-node", 0, "first node index")
 	count := fs.Int("nodes", 1, "number of nodes")
 	listen := fs.String("listen", "", "Unix socket to serve /state, /seen and /restart on")
+	profile := fs.String("profile", profileMix, "node profile: "+strings.Join(fleetProfiles, ", "))
+	podsPerNode := fs.Int("pods-per-node", 30, "Pods per node (with -profile mesh, one proxy each)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	f.roles = fleetRoles(*profile, *podsPerNode)
 	// Reflectors log every failed watch (an API server restart: hundreds
 	// of lines); the harness measures outcomes, not log lines.
 	klog.LogToStderr(false)
@@ -166,7 +196,7 @@ func runFleetNodes(args []string) error {
 // startNode starts node k's consumers and waits until they have synced.
 func (f *fleetNodes) startNode(ctx context.Context, k int) error {
 	var cs []*consumer
-	for _, role := range fleetRoles {
+	for _, role := range f.roles {
 		c, err := f.startConsumer(k, role)
 		if err != nil {
 			return fmt.Errorf("node %d, %s: %w", k, role, err)
@@ -246,6 +276,7 @@ func (f *fleetNodes) startConsumer(k int, role string) (*consumer, error) {
 // add registers inf, recording when it sees each probe object.
 func (c *consumer) add(inf cache.SharedIndexInformer, gvr schema.GroupVersionResource) {
 	record := func(obj any) {
+		c.events.Add(1)
 		m, err := meta.Accessor(obj)
 		if err != nil || !isProbe(m.GetName()) {
 			return
@@ -261,6 +292,7 @@ func (c *consumer) add(inf cache.SharedIndexInformer, gvr schema.GroupVersionRes
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    record,
 		UpdateFunc: func(_, obj any) { record(obj) },
+		DeleteFunc: func(any) { c.events.Add(1) },
 	})
 	c.infs = append(c.infs, inf)
 	c.gvrs = append(c.gvrs, gvr)
@@ -268,11 +300,13 @@ func (c *consumer) add(inf cache.SharedIndexInformer, gvr schema.GroupVersionRes
 
 func isProbe(name string) bool { return len(name) >= 6 && name[:6] == "probe-" }
 
-// consumerState is one consumer's store: state key -> resourceVersion.
+// consumerState is one consumer's store (state key -> resourceVersion)
+// and the events its handlers received so far.
 type consumerState struct {
-	Node  int               `json:"node"`
-	Role  string            `json:"role"`
-	Items map[string]string `json:"items"`
+	Node   int               `json:"node"`
+	Role   string            `json:"role"`
+	Items  map[string]string `json:"items"`
+	Events int64             `json:"events"`
 }
 
 func (f *fleetNodes) serveState(w http.ResponseWriter, _ *http.Request) {
@@ -280,7 +314,7 @@ func (f *fleetNodes) serveState(w http.ResponseWriter, _ *http.Request) {
 	f.mu.Lock()
 	for _, cs := range f.consumers {
 		for _, c := range cs {
-			st := consumerState{Node: c.node, Role: c.role, Items: map[string]string{}}
+			st := consumerState{Node: c.node, Role: c.role, Items: map[string]string{}, Events: c.events.Load()}
 			for i, inf := range c.infs {
 				for _, obj := range inf.GetStore().List() {
 					m, err := meta.Accessor(obj)
