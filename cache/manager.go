@@ -189,9 +189,12 @@ type Manager struct {
 	budget   *logBudget
 	// newUpstream makes the upstream of a Key (tests replace it).
 	newUpstream func(Key) upstream
-	ctx         context.Context // parent of every Source; ended by Close
-	cancel      context.CancelFunc
-	wg          sync.WaitGroup // eviction and stopping goroutines
+	// intern is what every upstream shares strings and managedFields
+	// through (nil in tests), for the objects a handoff restores too.
+	intern *interner
+	ctx    context.Context // parent of every Source; ended by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // eviction and stopping goroutines
 	// closing is set before Close purges the LRU, so that the LRU's expiry
 	// goroutine starts no more work.
 	closing atomic.Bool
@@ -306,6 +309,7 @@ func NewManager(opts Options) (*Manager, error) {
 		}
 	}
 	m := newManager(opts, nil, newUpstream)
+	m.intern = intern
 	m.kube = kube
 	m.dc = dc
 	m.crds = newCRDWatch(mc, m.crdDeleted)
@@ -660,11 +664,7 @@ func (m *Manager) acquireLocked(key Key, gvk schema.GroupVersionKind, h hold) (_
 			return nil, nil, false, err
 		}
 		started = true
-		src := newSource(key, m.newUpstream(key), sourceConfig{
-			limits: m.opts.Log, budget: m.budget, idleTimeout: m.opts.UpstreamTimeout,
-			maxObjectBytes: m.opts.MaxObjectBytes, log: m.log, metrics: m.metrics, recovery: m.recovery,
-		})
-		src.apiVersion, src.kind = gvk.GroupVersion().String(), gvk.Kind
+		src := m.newSourceLocked(key, gvk)
 		src.start(m.ctx)
 		e = &entry{src: src, holders: map[string]int{}, owners: map[string]int{}}
 		m.sources[key] = e
@@ -679,6 +679,17 @@ func (m *Manager) acquireLocked(key Key, gvk schema.GroupVersionKind, h hold) (_
 	}
 	var once sync.Once
 	return e.src, func() { once.Do(func() { m.release(key, e, holder, owner) }) }, started, nil
+}
+
+// newSourceLocked returns a new Source of key, whose objects are of gvk,
+// not started.
+func (m *Manager) newSourceLocked(key Key, gvk schema.GroupVersionKind) *Source {
+	src := newSource(key, m.newUpstream(key), sourceConfig{
+		limits: m.opts.Log, budget: m.budget, idleTimeout: m.opts.UpstreamTimeout,
+		maxObjectBytes: m.opts.MaxObjectBytes, log: m.log, metrics: m.metrics, recovery: m.recovery,
+	})
+	src.apiVersion, src.kind = gvk.GroupVersion().String(), gvk.Kind
+	return src
 }
 
 // makeRoomLocked makes room for one more Source under MaxSources, stopping

@@ -67,6 +67,14 @@ type Source struct {
 	notify chan struct{}
 	// subs are the open subscriptions, whose cursors give the lag.
 	subs map[*Subscription]struct{}
+	// seed is the state a handoff gave the Source, which its first list
+	// takes (nil: none, or taken).
+	seed *seed
+	// frozen is closed by thaw; while it is not nil the Source is frozen
+	// and run parks (handoff.go). parked is closed by run once parked.
+	// opCancel ends run's current request.
+	frozen, parked chan struct{}
+	opCancel       context.CancelFunc
 }
 
 // sourceConfig is what a Manager gives each of its Sources.
@@ -187,40 +195,59 @@ func classify(err error) action {
 }
 
 // run lists, then watches; it returns only with a terminal error or when
-// ctx ends.
+// ctx ends. A Source restored from a handoff (seed) starts at the state
+// handed off instead of a list: it watches from its position at once,
+// and lists only if the API server answers 410. While the Source is
+// frozen (handoff.go) it parks between requests.
 func (s *Source) run(ctx context.Context) error {
 	bo := newUpstreamBackoff()
 	rv := ""
 	needList := true
 	for ctx.Err() == nil {
+		if !s.parkWhileFrozen(ctx) {
+			return nil
+		}
+		// op is the context of one request, and of the wait after it
+		// fails: a freeze ends it (and then the loop parks, nothing
+		// recorded of the cut).
+		op, done := s.opContext(ctx)
 		if needList {
-			s.hooks.upstreamLists.Inc()
-			objs, listRV, err := s.up.list(ctx)
+			objs, listRV, seeded := s.takeSeed()
+			var err error
+			if !seeded {
+				s.hooks.upstreamLists.Inc()
+				objs, listRV, err = s.up.list(op)
+			}
 			if err != nil {
-				if ctx.Err() != nil {
-					return nil
+				if op.Err() != nil {
+					done()
+					continue // ctx ended, or a freeze
 				}
 				switch classify(err) {
 				case giveUp:
+					done()
 					return fmt.Errorf("%w: %s is not served by the API server (%w)", ErrResourceRemoved, s.key, err)
 				case reject:
+					done()
 					return rejected(s.key, err)
 				}
 				s.setErr(err)
-				if s.pause(ctx, bo) != nil {
-					return nil
-				}
+				_ = s.pause(op, bo)
+				done()
 				continue
 			}
-			s.cfg.recovery.mark()
+			if !seeded {
+				s.cfg.recovery.mark()
+			}
 			s.publishList(objs, listRV)
 			rv, needList = listRV, false
 			bo.Reset()
 		}
 		s.hooks.upstreamWatches.Inc()
-		delivered, err := s.watch(ctx, rv, &rv)
-		if ctx.Err() != nil {
-			return nil
+		delivered, err := s.watch(op, rv, &rv)
+		if op.Err() != nil {
+			done()
+			continue
 		}
 		if delivered {
 			// A watch that worked ends the outage: the next error starts
@@ -233,18 +260,19 @@ func (s *Source) run(ctx context.Context) error {
 			s.hooks.upstreamRelists.Inc()
 			needList = true
 		case giveUp:
+			done()
 			return fmt.Errorf("%w: %s is no longer served by the API server; was its CustomResourceDefinition deleted? (%w)", ErrResourceRemoved, s.key, err)
 		case reject:
+			done()
 			return rejected(s.key, err)
 		default:
 			if err != nil {
 				s.log.Info("watch failed: retrying", "err", err)
 				s.setErr(err)
-				if s.pause(ctx, bo) != nil {
-					return nil
-				}
+				_ = s.pause(op, bo)
 			}
 		}
+		done()
 	}
 	return nil
 }
