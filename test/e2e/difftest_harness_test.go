@@ -101,6 +101,18 @@ type view map[string][]string
 
 func (v view) add(section string, lines ...string) { v[section] = append(v[section], lines...) }
 
+// addEvent adds a watch event's line, a BOOKMARK only if the line before
+// is not the same: when bookmarks come is the server's choice (the API
+// server sends one about every minute of a watch, and one before
+// timeoutSeconds ends it; the daemon also forwards its informer's), and a
+// client can tell only that one came and where it points.
+func (v view) addEvent(section, line string) {
+	if evs := v[section]; strings.HasPrefix(line, "BOOKMARK ") && len(evs) > 0 && evs[len(evs)-1] == line {
+		return
+	}
+	v.add(section, line)
+}
+
 // do sends s to tg (following continue tokens if s.pages) and returns its view.
 func (tg *target) do(ctx context.Context, s shape, extra string, floor uint64) view {
 	v := view{}
@@ -225,7 +237,7 @@ func parseBody(body []byte, contentType, ended, prefix string, floor uint64, v v
 				Object json.RawMessage `json:"object"`
 			}
 			_ = json.Unmarshal(d, &ev)
-			v.add(prefix+"events", watchEventLine(ev.Type, ev.Object, floor))
+			v.addEvent(prefix+"events", watchEventLine(ev.Type, ev.Object, floor))
 		}
 		v.add(prefix+"end", ended)
 		return ""
@@ -249,7 +261,7 @@ func parseBody(body []byte, contentType, ended, prefix string, floor uint64, v v
 				v.add(prefix+"events", ev.Type+" undecodable object: "+err.Error())
 				continue
 			}
-			v.add(prefix+"events", watchEventLine(ev.Type, js, floor))
+			v.addEvent(prefix+"events", watchEventLine(ev.Type, js, floor))
 		}
 		v.add(prefix+"end", ended)
 		return ""
