@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -49,6 +50,10 @@ type config struct {
 	maxLogBytesAll   int64
 	writeTimeout     time.Duration
 	addressRelated   relatedKinds
+	// handoffSocket and handoffTimeout are -handoff-socket and
+	// -handoff-timeout (handoff.go).
+	handoffSocket  string
+	handoffTimeout time.Duration
 
 	// Security.
 	nodeName          string
@@ -102,13 +107,15 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.writeTimeout, "stream-write-timeout", time.Minute, "a stream whose client reads nothing for this long is ended (UNAVAILABLE; the client resumes)")
 	fs.Var(&c.addressRelated, "address-related", "a related kind for WatchAddress answers, repeatable: RESOURCE.VERSION[.GROUP],selector=PATH[,port=PATH][,field=PATH]...,\n"+
 		"for example servers.v1beta3.policy.linkerd.io,selector=spec.podSelector,port=spec.port,field=spec.proxyProtocol")
+	fs.StringVar(&c.handoffSocket, "handoff-socket", "", "Unix socket (mode 0600) of the hot handoff: a daemon started while another serves it takes over the listening -socket and every synced informer from it, without a LIST (docs/operations.md); keep it in a directory clients do not mount; empty: off")
+	fs.DurationVar(&c.handoffTimeout, "handoff-timeout", 15*time.Second, "bound on a whole handoff: a slower one starts the new daemon cold and the old one serves on")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text (logfmt key=value) or json (one JSON object per line); a stream's lines carry its stream id and caller")
 
 	fs.StringVar(&c.nodeName, "node-name", "", "the node this daemon serves (the downward API's spec.nodeName): tokens bound to a pod on another node are refused; empty: no node check")
 	fs.StringVar(&c.tokenAudience, "token-audience", auth.DefaultAudience, "audience a caller's token must be issued for")
 	fs.BoolVar(&c.insecureLocalOnly, "insecure-local-only", false, "DEVELOPMENT ONLY: serve callers without tokens, with the daemon's own permissions, on a 0600 Unix socket (no -listen-tcp)")
-	prepare := fs.String("prepare-socket-dir", "", "UID:GID: create the directory of -socket, owned by UID:GID with mode 0755, and exit, so that the daemon can run as that user: run it once as root with the CHOWN capability only (the DaemonSet's init container)")
+	prepare := fs.String("prepare-socket-dir", "", "UID:GID: create the directory of -socket, owned by UID:GID with mode 0755 (and that of -handoff-socket, if set, with mode 0700), and exit, so that the daemon can run as that user: run it once as root with the CHOWN capability only (the DaemonSet's init container)")
 	uids := fs.String("allowed-uids", "", "comma-separated uids: if set, only Unix socket callers with one of these uids (SO_PEERCRED) are served, in addition to their token")
 	fs.StringVar(&c.tlsCert, "tls-cert-file", "", "PEM certificate for -listen-tcp and -metrics-address (required when either is not loopback)")
 	fs.StringVar(&c.tlsKey, "tls-key-file", "", "PEM private key of -tls-cert-file")
@@ -181,6 +188,16 @@ func parseFlags(args []string) (*config, error) {
 	}
 	if c.socket == "" && c.listenTCP == "" {
 		return nil, errors.New("-socket and -listen-tcp are both empty: informerd would serve no one")
+	}
+	if c.handoffSocket != "" {
+		switch {
+		case c.socket == "":
+			return nil, errors.New("-handoff-socket needs -socket: it hands over the Unix socket's listener")
+		case filepath.Dir(c.handoffSocket) == filepath.Dir(c.socket):
+			return nil, fmt.Errorf("-handoff-socket %q is in -socket's directory, which clients mount: give it a directory of its own", c.handoffSocket)
+		case c.handoffTimeout <= 0:
+			return nil, fmt.Errorf("-handoff-timeout %s: must be positive", c.handoffTimeout)
+		}
 	}
 	if (c.tlsCert == "") != (c.tlsKey == "") {
 		return nil, errors.New("-tls-cert-file and -tls-key-file go together")

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +32,9 @@ type readiness struct {
 	// heard, if set, returns when an informer last heard from the API
 	// server (cache.Manager.UpstreamHeard).
 	heard func() time.Time
+
+	// handedOff: the daemon handed its work to a new one (handoff.go).
+	handedOff atomic.Bool
 
 	mu      sync.Mutex // guards checked and err
 	checked bool
@@ -96,6 +100,8 @@ func (r *readiness) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	checked, err := r.checked, r.err
 	r.mu.Unlock()
 	switch {
+	case r.handedOff.Load():
+		http.Error(w, "handed off to a new daemon", http.StatusServiceUnavailable)
 	case !checked:
 		http.Error(w, "the API server has not been probed yet", http.StatusServiceUnavailable)
 	case err != nil:

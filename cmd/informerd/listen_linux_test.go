@@ -79,7 +79,7 @@ func TestListenUnixNeverWidensTheMode(t *testing.T) {
 				_ = l.Close()
 			}
 			events := watchDir(t, dir)
-			l, err := listenUnix(path, tt.mode)
+			l, err := listenUnix(path, tt.mode, false)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,7 +48,11 @@ func main() {
 		return
 	}
 	if o := cfg.prepareSocketDir; o != nil {
-		if err := prepareSocketDir(filepath.Dir(cfg.socket), *o); err != nil {
+		err := prepareSocketDir(filepath.Dir(cfg.socket), *o, 0o755)
+		if err == nil && cfg.handoffSocket != "" {
+			err = prepareSocketDir(filepath.Dir(cfg.handoffSocket), *o, 0o700)
+		}
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "informerd: -prepare-socket-dir:", err)
 			os.Exit(1)
 		}
@@ -98,6 +103,14 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 	// The GC metrics include go_gc_heap_live_bytes, the heap the last GC found
 	// live: what the informers really hold.
 	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsGC)), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// A daemon that takes over from another (handoff.go) reads what it
+	// hands over before it starts anything, so that the old one is frozen
+	// for as short a time as possible.
+	in := &inherited{}
+	if c.handoffSocket != "" {
+		in = takeOver(c.handoffSocket, c.handoffTimeout, c.maxObjectBytes, log)
+	}
+	defer in.finish(false) // unless it served what it took
 	minAge := c.logMinAge
 	if minAge == 0 {
 		minAge = -1 // cache.LogLimits: negative is none, zero the default
@@ -114,6 +127,17 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		return err
 	}
 	defer mgr.Close()
+	restored := false
+	if in.states != nil {
+		n, err := mgr.Restore(in.states)
+		if err != nil {
+			log.Warn("handoff: the informers handed over could not be restored: starting them cold (listing each)", "err", err)
+		} else {
+			log.Info("handoff: serving the informers handed over, each resuming its watch from its position", "informers", n)
+			restored = true
+		}
+		in.states = nil
+	}
 	statuses, err := status.New(status.Options{Cache: mgr, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
@@ -152,16 +176,24 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 	healthpb.RegisterHealthServer(gs, hs)
 
 	var listeners []net.Listener
-	if c.socket != "" {
+	var unixL *unixListener
+	switch {
+	case in.ln != nil:
+		unixL = inheritedListener(in.ln, c.socket)
+	case c.socket != "":
 		mode := os.FileMode(0o666) // every caller authenticates with its token
 		if c.insecureLocalOnly {
 			mode = 0o600 // only the daemon's own user
 		}
-		l, err := listenUnix(c.socket, mode)
+		// With a handoff socket, a daemon still serving here is being
+		// replaced: take the path over from it.
+		unixL, err = listenUnix(c.socket, mode, c.handoffSocket != "")
 		if err != nil {
 			return fmt.Errorf("-socket %s: %w", c.socket, err)
 		}
-		listeners = append(listeners, srv.Listen(l))
+	}
+	if unixL != nil {
+		listeners = append(listeners, srv.Listen(unixL))
 	}
 	if c.listenTCP != "" {
 		l, err := net.Listen("tcp", c.listenTCP)
@@ -219,9 +251,28 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		go func() { serveErr <- gs.Serve(l) }() // each ends when gs stops
 		log.Info("serving", "address", l.Addr().String(), "authentication", !c.insecureLocalOnly)
 	}
+	in.finish(restored)
+	var handedOff <-chan struct{}
+	if c.handoffSocket != "" {
+		ho, err := serveHandoff(c.handoffSocket, unixL, mgr, c.handoffTimeout, log)
+		if err != nil {
+			return fmt.Errorf("-handoff-socket %s: %w", c.handoffSocket, err)
+		}
+		defer ho.Close()
+		handedOff = ho.handedOff
+	}
 	select {
 	case <-ctx.Done():
 	case err = <-serveErr:
+	case <-handedOff:
+		log.Info("handed off: ending the streams, whose clients resume on the new daemon; idling until stopped")
+		ready.handedOff.Store(true)
+		hs.Shutdown()
+		// Each subscriber takes the handoff's Bookmark before its stream
+		// ends, so that it resumes from it.
+		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		drain(dctx, mgr)
+		cancel()
 	}
 	log.Info("shutting down")
 	hs.Shutdown()
@@ -233,6 +284,12 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 	case <-time.After(10 * time.Second):
 		gs.Stop()
 		<-stopped
+	}
+	if ready.handedOff.Load() {
+		// Its informers are frozen and cost the API server nothing; they
+		// stop, in the order of docs/semantics.md, when the kubelet stops
+		// the daemon. /healthz and /readyz answer until then.
+		<-ctx.Done()
 	}
 	for _, h := range httpSrvs {
 		_ = h.Close()
@@ -288,7 +345,12 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 // linked into place, which fails if anything has appeared at path
 // meanwhile. Its directory is made world-searchable so that client pods
 // that mount it reach the socket. Closing the listener removes the socket.
-func listenUnix(path string, mode os.FileMode) (net.Listener, error) {
+//
+// With replace, a daemon serving at path is replaced rather than refused:
+// the socket is renamed over path, and the old daemon serves its open
+// connections until it stops (a surge upgrade whose old daemon handed
+// nothing over).
+func listenUnix(path string, mode os.FileMode, replace bool) (*unixListener, error) {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -299,9 +361,10 @@ func listenUnix(path string, mode os.FileMode) (net.Listener, error) {
 		}
 		if c, err := net.Dial("unix", path); err == nil {
 			_ = c.Close()
-			return nil, errors.New("another process is serving on it")
-		}
-		if err := os.Remove(path); err != nil {
+			if !replace {
+				return nil, errors.New("another process is serving on it")
+			}
+		} else if err := os.Remove(path); err != nil {
 			return nil, err
 		}
 	}
@@ -315,21 +378,41 @@ func listenUnix(path string, mode os.FileMode) (net.Listener, error) {
 		return nil, err
 	}
 	l.SetUnlinkOnClose(false) // its first name is gone; unixListener removes path
-	if err = os.Chmod(l.Addr().String(), mode); err == nil {
-		err = os.Link(l.Addr().String(), path)
+	first := l.Addr().String()
+	if err = os.Chmod(first, mode); err == nil {
+		if replace {
+			err = os.Rename(first, path) // atomic: the path always answers
+		} else {
+			err = os.Link(first, path)
+		}
+	}
+	var fi os.FileInfo
+	if err == nil {
+		fi, err = os.Stat(path)
 	}
 	if err != nil {
 		_ = l.Close()
 		return nil, err
 	}
-	return &unixListener{UnixListener: l, path: path}, nil
+	return &unixListener{UnixListener: l, path: path, fi: fi}, nil
+}
+
+// inheritedListener is l, a listening socket handed over by the daemon
+// this one replaces, which serves at path.
+func inheritedListener(l *net.UnixListener, path string) *unixListener {
+	fi, _ := os.Stat(path)
+	return &unixListener{UnixListener: l, path: path, fi: fi}
 }
 
 // unixListener is a Unix socket listener linked to path after it was
-// created (see listenUnix): its address is path, and Close removes path.
+// created (see listenUnix), or handed over: its address is path, and
+// Close removes path if it is still this socket's and was not handed over.
 type unixListener struct {
 	*net.UnixListener
 	path string
+	fi   os.FileInfo // path's, once it was this socket's
+	// keep: the socket was handed to another daemon, which serves at path.
+	keep atomic.Bool
 	once sync.Once
 }
 
@@ -337,6 +420,10 @@ func (l *unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net:
 
 func (l *unixListener) Close() error {
 	err := l.UnixListener.Close()
-	l.once.Do(func() { _ = os.Remove(l.path) })
+	l.once.Do(func() {
+		if fi, err := os.Stat(l.path); err == nil && l.fi != nil && os.SameFile(fi, l.fi) && !l.keep.Load() {
+			_ = os.Remove(l.path)
+		}
+	})
 	return err
 }

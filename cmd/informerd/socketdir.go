@@ -23,15 +23,16 @@ func parseOwner(s string) (owner, error) {
 	return owner{int(uid), int(gid)}, nil
 }
 
-// prepareSocketDir makes dir a directory owned by o with mode 0755, so
-// that a daemon running as o, with no capability, can create its socket
-// there (and remove a stale one) while any client can reach it. The
+// prepareSocketDir makes dir a directory owned by o with mode, so that a
+// daemon running as o, with no capability, can create its socket there
+// (and remove a stale one): 0755 for -socket's, which any client can
+// reach, 0700 for -handoff-socket's, which only the daemon's user can. The
 // kubelet creates a hostPath directory root-owned: this runs as root, once,
 // with CAP_CHOWN only. It changes the mode first, while root owns dir,
 // and refuses to follow a symbolic link or to touch anything but a
 // directory.
-func prepareSocketDir(dir string, o owner) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+func prepareSocketDir(dir string, o owner, mode os.FileMode) error {
+	if err := os.MkdirAll(dir, mode); err != nil {
 		return err
 	}
 	fi, err := os.Lstat(dir)
@@ -41,10 +42,10 @@ func prepareSocketDir(dir string, o owner) error {
 	if !fi.IsDir() {
 		return fmt.Errorf("%s is not a directory (%s)", dir, fi.Mode().Type())
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == o.uid && int(st.Gid) == o.gid && fi.Mode().Perm() == 0o755 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == o.uid && int(st.Gid) == o.gid && fi.Mode().Perm() == mode {
 		return nil
 	}
-	if err := os.Chmod(dir, 0o755); err != nil {
+	if err := os.Chmod(dir, mode); err != nil {
 		return err
 	}
 	return os.Lchown(dir, o.uid, o.gid)

@@ -23,7 +23,7 @@ const (
 func runRole(role, socket string) int {
 	switch role {
 	case "daemon":
-		l, err := listenUnix(socket, 0o666)
+		l, err := listenUnix(socket, 0o666, false)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "listen:", err)
 			return 1
@@ -104,7 +104,7 @@ func TestNonRootDaemonServesOtherUsers(t *testing.T) {
 		t.Fatalf("a daemon of uid 65532 in a root-owned directory: %v, %s; want it refused", err, out)
 	}
 
-	if err := prepareSocketDir(dir, owner{65532, 65532}); err != nil {
+	if err := prepareSocketDir(dir, owner{65532, 65532}, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := os.Lstat(dir)
@@ -134,7 +134,7 @@ func TestNonRootDaemonServesOtherUsers(t *testing.T) {
 		t.Errorf("the daemon of uid 65532: %v", err)
 	}
 	// Idempotent: the init step runs again at every pod start.
-	if err := prepareSocketDir(dir, owner{65532, 65532}); err != nil {
+	if err := prepareSocketDir(dir, owner{65532, 65532}, 0o755); err != nil {
 		t.Fatalf("-prepare-socket-dir again: %v", err)
 	}
 }
