@@ -545,7 +545,12 @@ func (f *fleet) startDaemon(ctx context.Context, k int) error {
 	if f.mode == fleetNoRecovery {
 		window = 0
 	}
-	args := append([]string{"-socket", f.socket(k), "-node-name", fleetNodeName(k), "-recovery-window", window.String(), "-log-level", "error"}, f.h.w.DaemonArgs...)
+	args := []string{"-socket", f.socket(k), "-node-name", fleetNodeName(k), "-recovery-window", window.String(), "-log-level", "error"}
+	if f.mode == fleetInformerd {
+		// As deploy/ runs it: an upgrade hands off (restartNodes).
+		args = append(args, "-handoff-socket", filepath.Join(f.h.dir, "handoff", fmt.Sprintf("node-%d.sock", k)))
+	}
+	args = append(args, f.h.w.DaemonArgs...)
 	d, err := startDaemon(ctx, f.h.informerd, f.h.daemonKubeconfig(), args...)
 	if err != nil {
 		return err
@@ -1138,8 +1143,11 @@ func (f *fleet) upgrade(ctx context.Context) (*fleetDisruption, error) {
 	return d, err
 }
 
-// restartNodes restarts the daemons of nodes (SIGTERM, then a new one on
-// the same socket); in direct mode, those nodes' consumers.
+// restartNodes restarts the daemons of nodes; in direct mode, those nodes'
+// consumers. In informerd mode, as deploy/'s surge upgrade does: a new
+// daemon starts beside the old one and takes over by handoff, then the old
+// one, unready once it handed off, is stopped. In informerd-norecovery
+// mode (no handoff socket): SIGTERM, then a new daemon on the same socket.
 func (f *fleet) restartNodes(ctx context.Context, nodes []int) error {
 	return parallel(ctx, len(nodes), func(ctx context.Context, i int) error {
 		k := nodes[i]
@@ -1160,8 +1168,28 @@ func (f *fleet) restartNodes(ctx context.Context, nodes []int) error {
 			}
 			return nil
 		}
-		f.daemons[k].stop()
-		return f.startDaemon(ctx, k)
+		old := f.daemons[k]
+		if f.mode != fleetInformerd {
+			old.stop()
+			return f.startDaemon(ctx, k)
+		}
+		if err := f.startDaemon(ctx, k); err != nil {
+			return err
+		}
+		err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, old.metrics+"/readyz", nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return false, nil
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusServiceUnavailable, nil
+		})
+		old.stop()
+		if err != nil {
+			return fmt.Errorf("node %d's old daemon never handed off: %w", k, err)
+		}
+		return nil
 	})
 }
 
