@@ -267,6 +267,12 @@ func drain(ctx context.Context, mgr *cache.Manager) {
 			lagging = lagging || s.MaxLagEvents > 0
 		}
 		if !lagging {
+			// Taken is not yet sent: give the streams' senders a moment
+			// to write what they took, the Bookmark last.
+			select {
+			case <-ctx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
 			return
 		}
 		select {

@@ -251,7 +251,9 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		go func() { serveErr <- gs.Serve(l) }() // each ends when gs stops
 		log.Info("serving", "address", l.Addr().String(), "authentication", !c.insecureLocalOnly)
 	}
-	in.finish(restored)
+	// The handoff socket is this daemon's before it answers the old one,
+	// which ends its streams on "ok": a daemon that cannot serve it fails
+	// first, and the old one serves on.
 	var handedOff <-chan struct{}
 	if c.handoffSocket != "" {
 		ho, err := serveHandoff(c.handoffSocket, unixL, mgr, c.handoffTimeout, log)
@@ -261,6 +263,7 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		defer ho.Close()
 		handedOff = ho.handedOff
 	}
+	in.finish(restored)
 	select {
 	case <-ctx.Done():
 	case err = <-serveErr:
