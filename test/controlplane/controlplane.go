@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -99,8 +100,11 @@ type process struct {
 	name    string
 	args    []string
 	logPath string
-	cmd     *exec.Cmd
-	done    chan struct{} // closed when the process has exited
+	// healthPort is the loopback port of its /healthz, 0 if it has none
+	// that waitComponent can ask.
+	healthPort int
+	cmd        *exec.Cmd
+	done       chan struct{} // closed when the process has exited
 }
 
 // state is what a detached control plane leaves in Dir for Down.
@@ -161,7 +165,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	}
 
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", opts.EtcdPort)
-	if err := cp.startProcess("etcd",
+	if err := cp.startProcess("etcd", 0,
 		"--name=informerd-test",
 		"--data-dir="+filepath.Join(cp.Dir, "etcd"),
 		"--listen-client-urls="+etcdURL,
@@ -178,7 +182,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		return nil, err
 	}
 
-	if err := cp.startProcess("kube-apiserver", cp.apiServerArgs(etcdURL)...); err != nil {
+	if err := cp.startProcess("kube-apiserver", 0, cp.apiServerArgs(etcdURL)...); err != nil {
 		return nil, err
 	}
 	if err := cp.waitAPIServer(ctx); err != nil {
@@ -186,7 +190,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	}
 
 	if opts.ControllerManager {
-		if err := cp.startProcess("kube-controller-manager", append([]string{
+		if err := cp.startProcess("kube-controller-manager", ports[portControllerManager], append([]string{
 			"--kubeconfig=" + cp.KubeconfigPath,
 			"--authentication-kubeconfig=" + cp.KubeconfigPath,
 			"--authorization-kubeconfig=" + cp.KubeconfigPath,
@@ -205,7 +209,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		}, opts.ControllerManagerFlags...)...); err != nil {
 			return nil, err
 		}
-		if err := cp.waitComponent(ctx, "kube-controller-manager", ports[portControllerManager]); err != nil {
+		if err := cp.waitComponent(ctx, "kube-controller-manager"); err != nil {
 			return nil, err
 		}
 	}
@@ -268,8 +272,10 @@ func (cp *ControlPlane) KillAPIServer() {
 	}
 }
 
-// StartAPIServer restarts a kube-apiserver stopped by StopAPIServer or KillAPIServer, with
-// the same flags and port, and waits until it is ready.
+// StartAPIServer restarts a kube-apiserver stopped by StopAPIServer or
+// KillAPIServer, with the same flags and port, and waits until it is ready.
+// The components that watch it notice through their own retries; see
+// RestartWatchers.
 func (cp *ControlPlane) StartAPIServer(ctx context.Context) error {
 	cp.mu.Lock()
 	p := cp.find("kube-apiserver")
@@ -286,6 +292,37 @@ func (cp *ControlPlane) StartAPIServer(ctx context.Context) error {
 		return err
 	}
 	return cp.waitAPIServer(ctx)
+}
+
+// RestartWatchers restarts the components started after kube-apiserver
+// (kube-controller-manager, kube-scheduler, kwok), in order, and waits for
+// those with a health port, as an operator would after a control-plane
+// outage. Their reflectors' backoff grows with every failed request and
+// resets only after two minutes without one, so after a few API server
+// restarts in a row they notice its return late (a new namespace got its
+// kube-root-ca.crt 1.4, 12 and 48 s after the first three restarts,
+// measured): tests that restart the API server call this so that later
+// tests do not wait on that backoff.
+func (cp *ControlPlane) RestartWatchers(ctx context.Context) error {
+	cp.mu.Lock()
+	i := slices.IndexFunc(cp.procs, func(p *process) bool { return p.name == "kube-apiserver" })
+	var watchers []*process
+	if i >= 0 {
+		watchers = slices.Clone(cp.procs[i+1:])
+	}
+	cp.mu.Unlock()
+	for _, w := range watchers {
+		w.stop()
+		if err := cp.restart(w); err != nil {
+			return err
+		}
+		if w.healthPort != 0 {
+			if err := cp.waitComponent(ctx, w.name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // Owned reports whether this ControlPlane started its processes (Start)
@@ -380,8 +417,8 @@ func (cp *ControlPlane) writeKubeconfig(path string) error {
 	return clientcmd.WriteToFile(*cfg, path)
 }
 
-func (cp *ControlPlane) startProcess(name string, args ...string) error {
-	p := &process{name: name, args: args, logPath: filepath.Join(cp.Dir, "logs", name+".log")}
+func (cp *ControlPlane) startProcess(name string, healthPort int, args ...string) error {
+	p := &process{name: name, args: args, healthPort: healthPort, logPath: filepath.Join(cp.Dir, "logs", name+".log")}
 	cp.mu.Lock()
 	cp.procs = append(cp.procs, p)
 	cp.mu.Unlock()
@@ -447,9 +484,15 @@ func (cp *ControlPlane) waitAPIServer(ctx context.Context) error {
 }
 
 // waitComponent waits for the /healthz of a component that serves HTTPS
-// on a loopback port with a self-signed certificate.
-func (cp *ControlPlane) waitComponent(ctx context.Context, name string, port int) error {
-	return cp.waitHTTP(ctx, name, fmt.Sprintf("https://127.0.0.1:%d/healthz", port),
+// on its loopback healthPort with a self-signed certificate.
+func (cp *ControlPlane) waitComponent(ctx context.Context, name string) error {
+	cp.mu.Lock()
+	p := cp.find(name)
+	cp.mu.Unlock()
+	if p == nil || p.healthPort == 0 {
+		return fmt.Errorf("%s has no health port to wait on", name)
+	}
+	return cp.waitHTTP(ctx, name, fmt.Sprintf("https://127.0.0.1:%d/healthz", p.healthPort),
 		&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // loopback health probe of a throwaway component
 }
 

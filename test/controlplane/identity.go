@@ -149,7 +149,7 @@ func WaitForDefaultServiceAccount(ctx context.Context, admin kubernetes.Interfac
 
 // startFakeNode starts kube-scheduler and kwok and registers FakeNodeName.
 func (cp *ControlPlane) startFakeNode(ctx context.Context, ports []int) error {
-	if err := cp.startProcess("kube-scheduler",
+	if err := cp.startProcess("kube-scheduler", ports[portScheduler],
 		"--kubeconfig="+cp.KubeconfigPath,
 		"--authentication-kubeconfig="+cp.KubeconfigPath,
 		"--authorization-kubeconfig="+cp.KubeconfigPath,
@@ -160,10 +160,10 @@ func (cp *ControlPlane) startFakeNode(ctx context.Context, ports []int) error {
 	); err != nil {
 		return err
 	}
-	if err := cp.waitComponent(ctx, "kube-scheduler", ports[portScheduler]); err != nil {
+	if err := cp.waitComponent(ctx, "kube-scheduler"); err != nil {
 		return err
 	}
-	if err := cp.startProcess("kwok",
+	if err := cp.startProcess("kwok", 0,
 		"--kubeconfig="+cp.KubeconfigPath,
 		"--config="+filepath.Join(cp.opts.BinDir, "..", "stage", "kwok-stages.yaml"),
 		"--manage-all-nodes=false",

@@ -24,13 +24,17 @@ import (
 	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 )
 
-// startAPIServer restarts the kube-apiserver that StopAPIServer stopped and
-// waits until the rest of the control plane works with it again (a new
-// namespace gets its kube-root-ca.crt from kube-controller-manager), so
-// that later tests start from a healthy control plane.
+// startAPIServer restarts the kube-apiserver that StopAPIServer stopped,
+// then the components that watch it, and waits until they work with it
+// again (a new namespace gets its kube-root-ca.crt from
+// kube-controller-manager), so that later tests start from a healthy
+// control plane.
 func startAPIServer(ctx context.Context, t *testing.T) {
 	t.Helper()
 	if err := env.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.RestartWatchers(ctx); err != nil {
 		t.Fatal(err)
 	}
 	createNamespace(ctx, t, "recovered")

@@ -141,12 +141,7 @@ func TestResumeInsideARealRelistDifference(t *testing.T) {
 	createConfigMap(ctx, t, ns, "again", nil)
 	createConfigMap(ctx, t, ns, "new", nil)
 	env.StopAPIServer()
-	// Not startAPIServer: this test needs no kube-controller-manager, whose
-	// recovery after the restart took over 90 s in both cold CI runs of
-	// 2026-12-06; tests that need it wait for it in createNamespace.
-	if err := env.StartAPIServer(ctx); err != nil {
-		t.Fatal(err)
-	}
+	startAPIServer(ctx, t)
 	proxy.Resume()
 	// The marker every client waits for: in the difference (last, it is
 	// the newest) or after it, depending on when the daemon relists.

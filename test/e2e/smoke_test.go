@@ -149,8 +149,6 @@ func createNamespace(ctx context.Context, t *testing.T, prefix string) string {
 	})
 	// kube-controller-manager publishes kube-root-ca.crt into every new
 	// namespace; wait for it, so that it is not a surprise event later.
-	// After an API server restart kube-controller-manager may take a while
-	// to re-establish its watches: allow for its reflectors' backoff.
 	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
 		_, err := admin.CoreV1().ConfigMaps(ns.Name).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
 		return err == nil, nil
