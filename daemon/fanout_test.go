@@ -218,6 +218,7 @@ type testServer struct {
 	socket string
 	tcp    string // its loopback TCP address, if serverConfig.tcp
 	mgr    *cache.Manager
+	srv    *daemon.Server
 	sec    security
 }
 
@@ -279,7 +280,7 @@ func serve(t testing.TB, api *fakeAPIServer, sec security, tune ...func(*serverC
 	if cfg.health {
 		healthpb.RegisterHealthServer(gs, health.NewServer())
 	}
-	ts := &testServer{socket: filepath.Join(t.TempDir(), "d.sock"), mgr: mgr, sec: sec}
+	ts := &testServer{socket: filepath.Join(t.TempDir(), "d.sock"), mgr: mgr, srv: srv, sec: sec}
 	l, err := net.Listen("unix", ts.socket)
 	if err != nil {
 		t.Fatal(err)

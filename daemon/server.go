@@ -138,8 +138,10 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 const connReadBuffer = 4 << 10
 
 // Shutdown ends every stream with UNAVAILABLE, so that clients reconnect to
-// the daemon's replacement. Call it after the listeners stop accepting and
-// before grpc.Server.GracefulStop, which then returns promptly.
+// the daemon's replacement. A Watch stream first sends the events it has
+// taken, within the write timeout, and takes no more. Call it after the
+// listeners stop accepting and before grpc.Server.GracefulStop, which then
+// returns once the streams have sent what they took.
 func (s *Server) Shutdown() { s.cancelShutdown() }
 
 // Get implements the Get RPC: one object from the store of the informer

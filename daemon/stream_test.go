@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -73,6 +74,60 @@ func TestStalledClientIsCutOff(t *testing.T) {
 			t.Fatalf("the stalled stream ended with %v, want UNAVAILABLE naming the write timeout", err)
 		}
 		break
+	}
+}
+
+// TestShutdownSendsWhatTheStreamTook: when the daemon shuts down (as a
+// handoff ends its streams, once each has taken the handoff's Bookmark) a
+// stream still sends every event it had taken, to a client that reads
+// slowly too, before it ends with UNAVAILABLE.
+func TestShutdownSendsWhatTheStreamTook(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	api := newFakeAPIServer(t)
+	// One event per batch: the stream holds the last ones while its
+	// sender waits on flow control.
+	srv := serve(t, api, authOn, func(c *serverConfig) { c.opts.MaxBatchBytes = 1 })
+	c, err := client.Dial(srv.socket, append(srv.credentials("slow"), grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.Stream(ctx, client.WatchOptions{Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, ClientName: "slow"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if evs, err := s.Recv(); err != nil || evs[len(evs)-1].GetType() != informerdv1.EventType_EVENT_TYPE_SYNCED {
+		t.Fatalf("first batch: %v, %v", evs, err)
+	}
+	// 200 KiB fill the windows; the two events after them wait in the daemon.
+	api.feed <- event(1, 2, 200<<10)
+	api.feed <- event(2, 3, 10)
+	api.feed <- event(3, 4, 10)
+	err = wait.PollUntilContextCancel(ctx, 5*time.Millisecond, true, func(context.Context) (bool, error) {
+		src := srv.mgr.Sources()
+		return len(src) == 1 && src[0].ResourceVersion == "4" && src[0].MaxLagEvents == 0, nil
+	})
+	if err != nil {
+		t.Fatal("the stream never took the three events")
+	}
+	srv.srv.Shutdown()
+	var got []string
+	for {
+		evs, err := s.Recv()
+		if err != nil {
+			if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "shutting down") {
+				t.Fatalf("the stream ended with %v, want UNAVAILABLE saying the daemon shuts down", err)
+			}
+			break
+		}
+		for _, ev := range evs {
+			got = append(got, ev.GetResourceVersion())
+		}
+	}
+	if want := []string{"2", "3", "4"}; !slices.Equal(got, want) {
+		t.Fatalf("after the shutdown the stream sent the events at %v, want %v: it lost what it had taken", got, want)
 	}
 }
 

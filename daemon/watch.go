@@ -67,7 +67,15 @@ func (s *Server) Watch(req *informerdv1.WatchRequest, stream informerdv1.Informe
 			}
 			batch, size, pending, n = append(batch, f.bufs...), size+f.size, pending[1:], n+1
 		}
-		if err := out.send(c.ctx, batch); err != nil {
+		err = out.send(c.ctx, batch)
+		if errors.Is(err, context.Canceled) && errors.Is(context.Cause(c.ctx), errShuttingDown) {
+			// What the stream took still goes out when the daemon shuts
+			// down (a handoff's Bookmark, the last thing taken, is where
+			// the client resumes), within the write timeout, unless the
+			// client leaves. Nothing more is taken: Next fails.
+			err = out.send(stream.Context(), batch)
+		}
+		if err != nil {
 			if errors.Is(err, errWriteTimeout) {
 				log.Info("client stopped reading: stream ended", "timeout", s.opts.WriteTimeout)
 			}

@@ -257,7 +257,8 @@ func (h *handoffServer) Close() {
 
 // drain waits, at most until ctx ends, for every subscriber to have taken
 // every event its informer published, the handoff's Bookmark last, so that
-// each resumes on the new daemon from the handoff's position.
+// each resumes on the new daemon from the handoff's position: a stream
+// that the daemon's shutdown ends still sends what it took.
 func drain(ctx context.Context, mgr *cache.Manager) {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
@@ -267,12 +268,6 @@ func drain(ctx context.Context, mgr *cache.Manager) {
 			lagging = lagging || s.MaxLagEvents > 0
 		}
 		if !lagging {
-			// Taken is not yet sent: give the streams' senders a moment
-			// to write what they took, the Bookmark last.
-			select {
-			case <-ctx.Done():
-			case <-time.After(250 * time.Millisecond):
-			}
 			return
 		}
 		select {
