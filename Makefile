@@ -56,9 +56,14 @@ test-tools:
 		"$$b" >/dev/null & pids+=($$!); \
 	done; for p in "$${pids[@]}"; do wait "$$p"; done
 
+# E2E_SHARDS is how many processes make test splits the e2e tests over,
+# each with a control plane of its own (hack/test.sh).
+E2E_SHARDS ?= 2
+
 .PHONY: test
-test: test-tools ## Run every test (unit and e2e) with -race, then each fuzz target briefly; builds the control plane, promtool and helm (at once) if needed.
-	INFORMERD_PROMTOOL="$$(hack/monitoring/build.sh 2>/dev/null)/promtool" INFORMERD_HELM="$$(hack/helm/build.sh 2>/dev/null)/helm" $(GO) test -race -count=1 -timeout=30m $(TEST_FLAGS) ./...
+test: test-tools ## Run every test (unit and e2e, in E2E_SHARDS processes) with -race, then each fuzz target briefly; builds the control plane, promtool and helm (at once) if needed.
+	INFORMERD_PROMTOOL="$$(hack/monitoring/build.sh 2>/dev/null)/promtool" INFORMERD_HELM="$$(hack/helm/build.sh 2>/dev/null)/helm" \
+		GO='$(GO)' E2E_SHARDS='$(E2E_SHARDS)' TEST_FLAGS='$(TEST_FLAGS)' hack/test.sh
 	cd hack/plot && $(GO) test -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz
 

@@ -62,11 +62,22 @@ func (b *binary) prepare() {
 			return
 		}
 		b.path = filepath.Join(dir, filepath.Base(b.pkg))
-		out, err := exec.Command("go", "build", "-o", b.path, b.pkg).CombinedOutput()
-		if err != nil {
-			b.err = fmt.Errorf("building %s: %w\n%s", b.pkg, err, out)
-		}
+		b.err = goBuild("", b.path, b.pkg)
 	})
+}
+
+// goBuild builds pkgs into out (a file, or a directory ending in a path
+// separator) in dir ("": this one) as make image does, static, so that
+// every build of the tests (prebuild's, TestExamples', test/image's) is one
+// configuration and they share the build cache.
+func goBuild(dir, out string, pkgs ...string) error {
+	cmd := exec.Command("go", append([]string{"build", "-trimpath", "-o", out}, pkgs...)...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %w\n%s", strings.Join(pkgs, " "), err, b)
+	}
+	return nil
 }
 
 // daemonProc is informerd running as its own process, as in production.
