@@ -49,8 +49,7 @@ helm: ## Build helm (v4), which renders and installs the chart in the tests (cac
 
 # test-tools builds what the tests run beside the code, at once: each
 # build's links and downloads leave a core idle that another build's
-# compiles use (make test builds them likewise, beside the unit tests:
-# hack/test.sh).
+# compiles use. A failure of any stops make test.
 .PHONY: test-tools
 test-tools:
 	@pids=(); for b in test/controlplane/build.sh hack/monitoring/build.sh hack/helm/build.sh; do \
@@ -62,8 +61,11 @@ test-tools:
 E2E_SHARDS ?= 2
 
 .PHONY: test
-test: ## Run every test (unit and e2e, in E2E_SHARDS processes) with -race, and each fuzz target briefly; builds the control plane, promtool and helm if needed, beside the tests that need none (hack/test.sh).
-	GO='$(GO)' E2E_SHARDS='$(E2E_SHARDS)' TEST_FLAGS='$(TEST_FLAGS)' FUZZ_TARGETS='$(FUZZ_TARGETS)' FUZZTIME='$(FUZZTIME)' hack/test.sh
+test: test-tools ## Run every test (unit and e2e, in E2E_SHARDS processes) with -race, then each fuzz target briefly; builds the control plane, promtool and helm (at once) if needed.
+	INFORMERD_PROMTOOL="$$(hack/monitoring/build.sh 2>/dev/null)/promtool" INFORMERD_HELM="$$(hack/helm/build.sh 2>/dev/null)/helm" \
+		GO='$(GO)' E2E_SHARDS='$(E2E_SHARDS)' TEST_FLAGS='$(TEST_FLAGS)' hack/test.sh
+	cd hack/plot && $(GO) test -race -count=1 ./...
+	$(MAKE) --no-print-directory fuzz
 
 # CHAOS_DURATION is how long `make chaos` injects faults; CHAOS_SEED repeats a run.
 CHAOS_DURATION ?= 10m
@@ -85,7 +87,10 @@ FUZZ_TARGETS := ./auth:FuzzBearerToken ./cache:FuzzDecodeObject ./cache:FuzzDeco
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10000x: 10,000 executions).
-	@GO='$(GO)' FUZZ_TARGETS='$(FUZZ_TARGETS)' FUZZTIME='$(FUZZTIME)' hack/fuzz.sh
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} ($${t%%:*}) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}" || exit 1; \
+	done
 
 .PHONY: test-unit
 test-unit: ## Run the unit tests only (no control plane).
