@@ -69,17 +69,7 @@ func TestHandoffUpgrade(t *testing.T) {
 	started := time.Now()
 	nu := startDaemonProcess(t, socket, "-handoff-socket", handoff)
 	// The old daemon ends the stream once the new one serves.
-	var got []*informerdv1.Event
-	var endErr error
-	for endErr == nil {
-		select {
-		case ev := <-s.events:
-			got = append(got, ev)
-		case endErr = <-s.err:
-		case <-ctx.Done():
-			t.Fatalf("the old daemon never ended the stream; got %s", describe(got))
-		}
-	}
+	got, endErr := s.rest(ctx, t)
 	t.Logf("the old daemon ended the stream %s after the new one started: %v", time.Since(started).Round(time.Millisecond), endErr)
 	if len(got) == 0 || got[len(got)-1].GetType() != informerdv1.EventType_EVENT_TYPE_BOOKMARK {
 		t.Fatalf("before its end the stream got %s, want the handoff's Bookmark last", describe(got))

@@ -88,9 +88,50 @@ func (es *eventStream) until(ctx context.Context, t *testing.T, what string, sto
 				return got
 			}
 		case err := <-es.err:
+			// The events queued before the error may hold the one awaited.
+			for _, ev := range es.queued() {
+				got = append(got, ev)
+				if stop(ev) {
+					es.err <- err // for the next reader
+					return got
+				}
+			}
 			t.Fatalf("%s: the stream ended first with %v after %s", what, err, describe(got))
 		case <-ctx.Done():
 			t.Fatalf("%s: never happened; got %s", what, describe(got))
+		}
+	}
+}
+
+// rest returns the events up to the stream's end and the error it ended
+// with.
+func (es *eventStream) rest(ctx context.Context, t *testing.T) ([]*informerdv1.Event, error) {
+	t.Helper()
+	var got []*informerdv1.Event
+	for {
+		select {
+		case ev := <-es.events:
+			got = append(got, ev)
+		case err := <-es.err:
+			return append(got, es.queued()...), err
+		case <-ctx.Done():
+			t.Fatalf("the stream did not end; got %s", describe(got))
+		}
+	}
+}
+
+// queued returns the events the stream's goroutine has queued. Once its
+// error is taken that is every event the stream received: the goroutine
+// queues them before the error, and a select between the two channels
+// may take the error first.
+func (es *eventStream) queued() []*informerdv1.Event {
+	var got []*informerdv1.Event
+	for {
+		select {
+		case ev := <-es.events:
+			got = append(got, ev)
+		default:
+			return got
 		}
 	}
 }
