@@ -6,7 +6,9 @@ import (
 	"iter"
 
 	"github.com/google/btree"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
 
 	"github.com/informerd/informerd/internal/handoff"
 )
@@ -228,4 +230,80 @@ func (m *Manager) Restore(states []handoff.Handed) (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+// HandedDiscovery is the API server's discovery as a Manager read it, for
+// a handoff: the new daemon's Manager (Options.Discovery) maps resources
+// from it without asking the API server, so that it serves the informers
+// handed off while the API server is unreachable.
+type HandedDiscovery struct {
+	Groups *metav1.APIGroupList `json:"groups"`
+	// Resources are the resources of each group version of Groups.
+	Resources []*metav1.APIResourceList `json:"resources"`
+}
+
+// HandedDiscovery returns the discovery the Manager holds, without asking
+// the API server; ok is false if it holds none whole: it was never read,
+// or not as aggregated discovery (which every API server since 1.30
+// serves), or some group version failed to be read.
+func (m *Manager) HandedDiscovery() (d HandedDiscovery, ok bool) {
+	st := m.disc.Load()
+	cached, agg := st.discovery.(discovery.AggregatedDiscoveryInterface)
+	if st.discovery == nil || !agg || !st.discovery.Fresh() {
+		return HandedDiscovery{}, false
+	}
+	// Fresh: answered from the cache, no request.
+	groups, resources, failed, err := cached.GroupsAndMaybeResources()
+	if err != nil || resources == nil || len(failed) > 0 {
+		return HandedDiscovery{}, false
+	}
+	d.Groups = groups
+	for _, g := range groups.Groups {
+		for _, v := range g.Versions {
+			if rl, ok := resources[schema.GroupVersion{Group: g.Name, Version: v.Version}]; ok {
+				d.Resources = append(d.Resources, rl)
+			}
+		}
+	}
+	return d, true
+}
+
+// dualDiscovery is a discovery client of both interfaces, as client-go's
+// DiscoveryClient is: its memory cache uses the one with contexts.
+type dualDiscovery interface {
+	discovery.DiscoveryInterface
+	discovery.DiscoveryInterfaceWithContext
+}
+
+// over returns a discovery client that answers groups and resources from d
+// (as aggregated discovery, in one call) and everything else from dc.
+func (d *HandedDiscovery) over(dc dualDiscovery) discovery.DiscoveryInterface {
+	res := make(map[schema.GroupVersion]*metav1.APIResourceList, len(d.Resources))
+	for _, rl := range d.Resources {
+		if gv, err := schema.ParseGroupVersion(rl.GroupVersion); err == nil {
+			res[gv] = rl
+		}
+	}
+	groups := d.Groups
+	if groups == nil {
+		groups = &metav1.APIGroupList{}
+	}
+	return &handedDiscovery{dualDiscovery: dc, groups: groups, resources: res}
+}
+
+// handedDiscovery is HandedDiscovery.over's client. The Manager's cached
+// discovery reads it once (GroupsAndMaybeResources), and a reread of
+// discovery replaces it with the API server's.
+type handedDiscovery struct {
+	dualDiscovery
+	groups    *metav1.APIGroupList
+	resources map[schema.GroupVersion]*metav1.APIResourceList
+}
+
+func (h *handedDiscovery) GroupsAndMaybeResources() (*metav1.APIGroupList, map[schema.GroupVersion]*metav1.APIResourceList, map[schema.GroupVersion]error, error) {
+	return h.groups, h.resources, nil, nil
+}
+
+func (h *handedDiscovery) GroupsAndMaybeResourcesWithContext(context.Context) (*metav1.APIGroupList, map[schema.GroupVersion]*metav1.APIResourceList, map[schema.GroupVersion]error, error) {
+	return h.GroupsAndMaybeResources()
 }

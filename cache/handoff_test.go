@@ -3,6 +3,8 @@ package cache
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -12,6 +14,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
 
 	"github.com/informerd/informerd/internal/handoff"
 )
@@ -72,11 +76,11 @@ func handOver(t *testing.T, frozen []Frozen) []handoff.Handed {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	states, err := handoff.Read(&buf, handoff.Limits{})
+	got, err := handoff.Read(&buf, handoff.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return states
+	return got.Sources
 }
 
 // TestHandoffResumesWithoutAListOrReset: a subscriber of a frozen Source
@@ -251,5 +255,83 @@ func TestRestoreRefusesABadState(t *testing.T) {
 				t.Fatalf("%d Sources running after a failed Restore", len(got))
 			}
 		})
+	}
+}
+
+// aggregatedAPI answers aggregated discovery (core v1: pods, configmaps
+// "cm"), counting the calls, or fails each while down.
+type aggregatedAPI struct {
+	*discovery.DiscoveryClient // nil: anything else panics
+	calls                      atomic.Int32
+	down                       bool
+}
+
+func (a *aggregatedAPI) GroupsAndMaybeResources() (*metav1.APIGroupList, map[schema.GroupVersion]*metav1.APIResourceList, map[schema.GroupVersion]error, error) {
+	return a.GroupsAndMaybeResourcesWithContext(context.Background())
+}
+
+func (a *aggregatedAPI) GroupsAndMaybeResourcesWithContext(context.Context) (*metav1.APIGroupList, map[schema.GroupVersion]*metav1.APIResourceList, map[schema.GroupVersion]error, error) {
+	a.calls.Add(1)
+	if a.down {
+		return nil, nil, nil, errors.New("connection refused")
+	}
+	v1 := metav1.GroupVersionForDiscovery{GroupVersion: "v1", Version: "v1"}
+	groups := &metav1.APIGroupList{Groups: []metav1.APIGroup{{Versions: []metav1.GroupVersionForDiscovery{v1}, PreferredVersion: v1}}}
+	res := map[schema.GroupVersion]*metav1.APIResourceList{{Version: "v1"}: {GroupVersion: "v1", APIResources: []metav1.APIResource{
+		{Name: "pods", Namespaced: true, Kind: "Pod", Verbs: []string{"list", "watch"}},
+		{Name: "configmaps", Namespaced: true, Kind: "ConfigMap", Verbs: []string{"list", "watch"}, ShortNames: []string{"cm"}},
+	}}}
+	return groups, res, nil, nil
+}
+
+// A Manager hands off the discovery it read, and only once it read it; a
+// Manager given it maps resources and short names from it without asking
+// the API server, which is down.
+func TestDiscoveryHandedOff(t *testing.T) {
+	up := &aggregatedAPI{}
+	old := &Manager{}
+	old.disc.Store(newDiscoveryState(up))
+	if _, ok := old.HandedDiscovery(); ok {
+		t.Fatal("a discovery never read was handed off")
+	}
+	if _, err := old.mapping(Request{GVR: schema.GroupVersionResource{Version: "v1", Resource: "pods"}}); err != nil {
+		t.Fatal(err)
+	}
+	d, ok := old.HandedDiscovery()
+	if !ok {
+		t.Fatal("the discovery read was not handed off")
+	}
+	if up.calls.Load() != 1 {
+		t.Fatalf("the API server was asked %d times, want once (HandedDiscovery asks nothing)", up.calls.Load())
+	}
+	data, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handed HandedDiscovery
+	if err := json.Unmarshal(data, &handed); err != nil {
+		t.Fatal(err)
+	}
+
+	down := &aggregatedAPI{down: true}
+	nu := &Manager{}
+	nu.disc.Store(newDiscoveryState(handed.over(down)))
+	for _, r := range []string{"pods", "configmaps", "cm"} {
+		mp, err := nu.mapping(Request{GVR: schema.GroupVersionResource{Resource: r}})
+		if err != nil {
+			t.Fatalf("%s on the new daemon: %v", r, err)
+		}
+		if mp.Resource.Resource == "" || mp.Scope.Name() != "namespace" {
+			t.Errorf("%s mapped to %+v", r, mp)
+		}
+	}
+	if _, err := nu.mapping(Request{GVR: schema.GroupVersionResource{Resource: "widgets"}}); err == nil {
+		t.Error("a resource the handed-off discovery does not list was mapped")
+	}
+	if down.calls.Load() != 0 {
+		t.Fatalf("the new daemon asked the API server %d times, want none", down.calls.Load())
+	}
+	if again, ok := nu.HandedDiscovery(); !ok || len(again.Resources) != 1 {
+		t.Errorf("the new daemon hands on %+v (%v), want the same discovery", again, ok)
 	}
 }

@@ -86,6 +86,11 @@ type Options struct {
 	RecoveryWindow time.Duration
 	// DisableWatchList lists with LIST instead of WatchList streaming.
 	DisableWatchList bool
+	// Discovery, if set, is the API server's discovery as another
+	// daemon's Manager held it (HandedDiscovery, in a handoff): the
+	// Manager reads it first instead of asking the API server, until a
+	// lookup rereads discovery. Nil: discovery is read when first needed.
+	Discovery *HandedDiscovery
 	// MaxObjectBytes refuses objects whose encoding is larger: they are not
 	// served (a stored object that grows past it is served as deleted),
 	// and each is logged, counted and named in the informer's status.
@@ -313,7 +318,11 @@ func NewManager(opts Options) (*Manager, error) {
 	m.kube = kube
 	m.dc = dc
 	m.crds = newCRDWatch(mc, m.crdDeleted)
-	m.disc.Store(newDiscoveryState(dc))
+	if opts.Discovery != nil {
+		m.disc.Store(newDiscoveryState(opts.Discovery.over(dc)))
+	} else {
+		m.disc.Store(newDiscoveryState(dc))
+	}
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(sourceCollector{m}); err != nil {
 			m.Close()

@@ -3,12 +3,15 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,9 +25,15 @@ import (
 // A hot handoff (docs/operations.md, "Upgrade by handoff") moves a running
 // daemon's work to its replacement on the node, started beside it
 // (maxSurge 1): the new daemon connects to the old one's -handoff-socket,
-// receives the listening socket (SCM_RIGHTS: no client is ever refused)
-// and every synced informer's objects and position, restores them, serves,
-// and answers "ok". The old daemon then ends its streams, so that its
+// receives the listening socket (SCM_RIGHTS: no client is ever refused),
+// every synced informer's objects and position, and what the old daemon
+// holds of the API server's answers that its clients need (discovery; the
+// tokens and accesses verified and not yet expired), restores them,
+// serves, and answers "ok". So it serves the old daemon's clients even
+// while the API server is unreachable: their streams resume, and Watch,
+// Get, WatchStatus and WatchAddress answer from the informers handed off,
+// each caller's token and access as trusted as on the old daemon, for no
+// longer. The old daemon then ends its streams, so that its
 // clients resume on the new one from the Bookmark each received at the
 // handoff's position, and idles, unready, until it is stopped.
 //
@@ -45,13 +54,23 @@ const (
 // listenerTag tags the listening socket's descriptor.
 const listenerTag = 'L'
 
+// The handoff's extras (internal/handoff).
+const (
+	extraDiscovery = "discovery" // cache.HandedDiscovery, JSON
+	extraAuth      = "auth"      // auth.Remembered, JSON
+)
+
 // inherited is what a new daemon took over from an old one.
 type inherited struct {
 	// ln is the listening socket handed over (nil: none).
 	ln *net.UnixListener
 	// states are the informers handed off (nil: none; start cold).
 	states []handoff.Handed
-	conn   *net.UnixConn
+	// discovery and remembered are the old daemon's discovery and
+	// verified callers (nil: none).
+	discovery  *cache.HandedDiscovery
+	remembered *auth.Remembered
+	conn       *net.UnixConn
 }
 
 // takeOver connects to the handoff socket and takes what the daemon
@@ -94,18 +113,40 @@ func takeOver(path string, timeout time.Duration, maxObjectBytes int, log *slog.
 		return &inherited{}
 	}
 	start := time.Now()
-	states, err := handoff.Read(conn, handoff.Limits{MaxObjectBytes: maxObjectBytes})
+	got, err := handoff.Read(conn, handoff.Limits{MaxObjectBytes: maxObjectBytes})
 	if err != nil {
 		log.Warn("handoff: the informers' state could not be read: starting them cold (listing each)", "err", err)
 		return in
 	}
-	in.states = states
+	in.states = got.Sources
+	if in.states == nil {
+		in.states = []handoff.Handed{}
+	}
 	objects := 0
-	for _, st := range states {
+	for _, st := range got.Sources {
 		objects += len(st.Objects)
 	}
-	log.Info("handoff: received the old daemon's informers", "informers", len(states), "objects", objects, "took", time.Since(start))
+	in.discovery = decodeExtra[cache.HandedDiscovery](got.Extras, extraDiscovery, log)
+	in.remembered = decodeExtra[auth.Remembered](got.Extras, extraAuth, log)
+	log.Info("handoff: received the old daemon's informers", "informers", len(got.Sources), "objects", objects,
+		"discovery", in.discovery != nil, "verified-callers", in.remembered != nil, "took", time.Since(start))
 	return in
+}
+
+// decodeExtra decodes the extra called name, or returns nil, saying why if
+// it is there but does not decode: the daemon then does without it (it
+// asks the API server).
+func decodeExtra[T any](extras map[string][]byte, name string, log *slog.Logger) *T {
+	data, ok := extras[name]
+	if !ok {
+		return nil
+	}
+	v := new(T)
+	if err := json.Unmarshal(data, v); err != nil {
+		log.Warn("handoff: an extra could not be decoded: doing without it, asking the API server instead", "extra", name, "err", err)
+		return nil
+	}
+	return v
 }
 
 // finish answers the old daemon, once: ok if the new one serves the state
@@ -127,9 +168,12 @@ func (in *inherited) finish(ok bool) {
 // socket and the informers to the first daemon that connects as the same
 // uid, and closes handedOff once that one says it serves them.
 type handoffServer struct {
-	l       *net.UnixListener
-	main    *unixListener // the socket handed over
-	mgr     *cache.Manager
+	l     *net.UnixListener
+	main  *unixListener // the socket handed over
+	mgr   *cache.Manager
+	authn *auth.Authenticator // nil: -insecure-local-only
+	authz *auth.Authorizer
+	// timeout bounds one handoff.
 	timeout time.Duration
 	log     *slog.Logger
 
@@ -138,9 +182,10 @@ type handoffServer struct {
 }
 
 // serveHandoff listens on path (mode 0600, replacing what is there: the
-// old daemon's, or a stale one) and hands over main and mgr's informers
-// to the daemon that connects. Close stops it.
-func serveHandoff(path string, main *unixListener, mgr *cache.Manager, timeout time.Duration, log *slog.Logger) (*handoffServer, error) {
+// old daemon's, or a stale one) and hands over main, mgr's informers and
+// discovery, and what authn and authz (nil: none) remember, to the daemon
+// that connects. Close stops it.
+func serveHandoff(path string, main *unixListener, mgr *cache.Manager, authn *auth.Authenticator, authz *auth.Authorizer, timeout time.Duration, log *slog.Logger) (*handoffServer, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
@@ -157,7 +202,7 @@ func serveHandoff(path string, main *unixListener, mgr *cache.Manager, timeout t
 		_ = l.Close()
 		return nil, err
 	}
-	h := &handoffServer{l: l, main: main, mgr: mgr, timeout: timeout, log: log, handedOff: make(chan struct{})}
+	h := &handoffServer{l: l, main: main, mgr: mgr, authn: authn, authz: authz, timeout: timeout, log: log, handedOff: make(chan struct{})}
 	h.wg.Add(1)
 	go h.serve()
 	return h, nil
@@ -208,7 +253,12 @@ func (h *handoffServer) handOff(c *net.UnixConn) (bool, error) {
 	}
 	start := time.Now()
 	frozen, thaw := h.mgr.Freeze()
-	objects, err := writeHandoff(c, frozen)
+	extras, err := h.extras()
+	if err != nil {
+		thaw()
+		return false, err
+	}
+	objects, err := writeHandoff(c, extras, frozen)
 	if err != nil {
 		thaw()
 		return false, fmt.Errorf("writing the informers: %w", err)
@@ -226,9 +276,35 @@ func (h *handoffServer) handOff(c *net.UnixConn) (bool, error) {
 	return true, nil
 }
 
-// writeHandoff writes the frozen informers to w.
-func writeHandoff(w *net.UnixConn, frozen []cache.Frozen) (objects int, err error) {
+// extras returns the handoff's extras: the Manager's discovery if it holds
+// it whole, and the callers verified if the daemon authenticates.
+func (h *handoffServer) extras() (map[string][]byte, error) {
+	out := map[string][]byte{}
+	if d, ok := h.mgr.HandedDiscovery(); ok {
+		data, err := json.Marshal(d)
+		if err != nil {
+			return nil, fmt.Errorf("encoding discovery: %w", err)
+		}
+		out[extraDiscovery] = data
+	}
+	if h.authn != nil {
+		data, err := json.Marshal(auth.Export(h.authn, h.authz))
+		if err != nil {
+			return nil, fmt.Errorf("encoding the verified callers: %w", err)
+		}
+		out[extraAuth] = data
+	}
+	return out, nil
+}
+
+// writeHandoff writes the extras, then the frozen informers, to w.
+func writeHandoff(w *net.UnixConn, extras map[string][]byte, frozen []cache.Frozen) (objects int, err error) {
 	hw := handoff.NewWriter(w)
+	for _, name := range slices.Sorted(maps.Keys(extras)) {
+		if err := hw.Extra(name, extras[name]); err != nil {
+			return 0, err
+		}
+	}
 	for _, f := range frozen {
 		k := f.Key
 		err := hw.WriteSource(handoff.Source{

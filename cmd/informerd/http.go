@@ -105,7 +105,10 @@ func (r *readiness) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	case !checked:
 		http.Error(w, "the API server has not been probed yet", http.StatusServiceUnavailable)
 	case err != nil:
-		http.Error(w, "API server unreachable", http.StatusServiceUnavailable)
+		// Unready, as the rollout of a DaemonSet should wait, but serving:
+		// informerd_sources_stale counts the informers serving their last
+		// state.
+		http.Error(w, "API server unreachable: serving the informers' last state, starting none", http.StatusServiceUnavailable)
 	default:
 		_, _ = w.Write([]byte("ok\n"))
 	}

@@ -119,7 +119,7 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 		Config: restCfg, Scope: cache.ScopeStrategy(c.scope), ClusterAt: c.scopeClusterAt, LingerTTL: c.lingerTTL,
 		Log:                cache.LogLimits{MaxEvents: c.logMaxEvents, MaxBytes: c.logMaxBytes, MinAge: minAge},
 		StripManagedFields: c.stripManaged, DisableWatchList: c.disableWatchLst, UpstreamTimeout: c.upstreamTimeout,
-		RecoveryWindow: c.recoveryWindow,
+		RecoveryWindow: c.recoveryWindow, Discovery: in.discovery,
 		MaxObjectBytes: c.maxObjectBytes, MaxSources: c.maxInformers, MaxSourcesPerOwner: c.maxPerCaller, MaxLogBytes: c.maxLogBytesAll,
 		Logger: log, Registerer: reg,
 	})
@@ -161,6 +161,11 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 	} else {
 		if opts.Authenticator, opts.Authorizer, err = reviewers(restCfg, c, log, reg); err != nil {
 			return err
+		}
+		if in.remembered != nil {
+			tokens, accesses := auth.Import(*in.remembered, opts.Authenticator, opts.Authorizer)
+			log.Info("handoff: trusting the callers the old daemon verified, until their verifications expire", "tokens", tokens, "accesses", accesses)
+			in.remembered = nil
 		}
 		if c.nodeName == "" {
 			log.Warn("-node-name is empty: tokens bound to pods on other nodes are accepted")
@@ -256,7 +261,7 @@ func run(ctx context.Context, c *config, log *slog.Logger) error {
 	// first, and the old one serves on.
 	var handedOff <-chan struct{}
 	if c.handoffSocket != "" {
-		ho, err := serveHandoff(c.handoffSocket, unixL, mgr, c.handoffTimeout, log)
+		ho, err := serveHandoff(c.handoffSocket, unixL, mgr, opts.Authenticator, opts.Authorizer, c.handoffTimeout, log)
 		if err != nil {
 			return fmt.Errorf("-handoff-socket %s: %w", c.handoffSocket, err)
 		}

@@ -10,7 +10,11 @@
 //	records: kind (1 byte), length (uvarint), payload
 //	  's': a Source (JSON), followed by its Count objects
 //	  'o': one object, its bytes as the API server sent them
-//	  'e': the end (JSON: sources and objects written), then the CRC-32C
+//	  'x': a named extra (name length (uvarint), name, bytes): state
+//	       other than informers, such as what the daemon has cached of
+//	       the API server's discovery and access reviews; at most one of
+//	       a name, between Sources
+//	  'e': the end (JSON: sources, objects and extras written), then the CRC-32C
 //	       (Castagnoli) of every byte before it (uint32, big endian)
 //
 // Read checks everything: the magic and version (a handoff of another
@@ -31,10 +35,10 @@ import (
 	"io"
 )
 
-// Version is the format written. Read accepts only this version: daemons
-// of versions that write another hand off nothing, and the new one starts
-// cold.
-const Version = 1
+// Version is the format written. Read accepts it and version 1 (the same
+// without extras); daemons of versions that write another hand off
+// nothing, and the new one starts cold.
+const Version = 2
 
 const magic = "informerd-handoff\n"
 
@@ -42,11 +46,15 @@ const magic = "informerd-handoff\n"
 const (
 	recSource = 's'
 	recObject = 'o'
+	recExtra  = 'x'
 	recEnd    = 'e'
 )
 
 // maxMetaBytes bounds a Source or end record.
 const maxMetaBytes = 64 << 10
+
+// maxNameBytes bounds an extra's name.
+const maxNameBytes = 256
 
 // Source is one informer handed off: its identity, its type, the position
 // its objects are at, and how many objects follow it.
@@ -69,6 +77,7 @@ type Source struct {
 type end struct {
 	Sources int `json:"sources"`
 	Objects int `json:"objects"`
+	Extras  int `json:"extras,omitempty"`
 }
 
 // Writer writes a handoff. Its methods are not safe for concurrent use.
@@ -77,6 +86,7 @@ type Writer struct {
 	crc     hash.Hash32
 	sources int
 	objects int
+	extras  int
 	err     error
 }
 
@@ -131,10 +141,23 @@ func (w *Writer) Object(bufs [][]byte) error {
 	return w.err
 }
 
+// Extra writes data as the extra called name (at most one of a name; not
+// between a Source and its objects).
+func (w *Writer) Extra(name string, data []byte) error {
+	if name == "" || len(name) > maxNameBytes {
+		return fmt.Errorf("an extra's name must have 1 to %d bytes, not %d", maxNameBytes, len(name))
+	}
+	var n [binary.MaxVarintLen64]byte
+	hdr := binary.PutUvarint(n[:], uint64(len(name)))
+	w.record(recExtra, hdr+len(name)+len(data), n[:hdr], []byte(name), data)
+	w.extras++
+	return w.err
+}
+
 // Close writes the end record and the checksum, and flushes. It does not
 // close the underlying writer.
 func (w *Writer) Close() error {
-	meta, _ := json.Marshal(end{Sources: w.sources, Objects: w.objects})
+	meta, _ := json.Marshal(end{Sources: w.sources, Objects: w.objects, Extras: w.extras})
 	w.record(recEnd, len(meta), meta)
 	if w.err == nil {
 		w.err = w.w.Flush()
@@ -158,10 +181,19 @@ type Handed struct {
 	Objects [][]byte
 }
 
+// Contents is a handoff read whole.
+type Contents struct {
+	Sources []Handed
+	// Extras are the extras by name (nil: none).
+	Extras map[string][]byte
+}
+
 // Limits bound what Read accepts.
 type Limits struct {
 	// MaxObjectBytes bounds one object (0: 64 MiB).
 	MaxObjectBytes int
+	// MaxExtraBytes bounds one extra (0: 64 MiB).
+	MaxExtraBytes int
 	// MaxBytes bounds the whole handoff (0: no bound).
 	MaxBytes int64
 }
@@ -171,9 +203,12 @@ var ErrVersion = errors.New("handoff of another version")
 
 // Read reads a whole handoff from r, checking it (see the package
 // comment). It returns nothing but an error if anything is wrong.
-func Read(r io.Reader, lim Limits) ([]Handed, error) {
+func Read(r io.Reader, lim Limits) (*Contents, error) {
 	if lim.MaxObjectBytes <= 0 {
 		lim.MaxObjectBytes = 64 << 20
+	}
+	if lim.MaxExtraBytes <= 0 {
+		lim.MaxExtraBytes = 64 << 20
 	}
 	cr := &crcReader{r: bufio.NewReaderSize(r, 64<<10), crc: crc32.New(castagnoli)}
 	head, err := cr.next(len(magic) + 4)
@@ -183,11 +218,12 @@ func Read(r io.Reader, lim Limits) ([]Handed, error) {
 	if string(head[:len(magic)]) != magic {
 		return nil, errors.New("not a handoff: its header is wrong")
 	}
-	if v := binary.BigEndian.Uint32(head[len(magic):]); v != Version {
-		return nil, fmt.Errorf("%w: version %d, this daemon reads version %d", ErrVersion, v, Version)
+	if v := binary.BigEndian.Uint32(head[len(magic):]); v != 1 && v != Version {
+		return nil, fmt.Errorf("%w: version %d, this daemon reads versions 1 to %d", ErrVersion, v, Version)
 	}
 	var (
 		out     []Handed
+		extras  map[string][]byte
 		objects int
 	)
 	for {
@@ -200,8 +236,11 @@ func Read(r io.Reader, lim Limits) ([]Handed, error) {
 			return nil, fmt.Errorf("reading the handoff: %w", unexpected(err))
 		}
 		limit := uint64(maxMetaBytes)
-		if kind == recObject {
+		switch kind {
+		case recObject:
 			limit = uint64(lim.MaxObjectBytes)
+		case recExtra:
+			limit = uint64(lim.MaxExtraBytes) + maxNameBytes + binary.MaxVarintLen64
 		}
 		if size > limit {
 			return nil, fmt.Errorf("a handoff record of %d bytes, over the limit of %d", size, limit)
@@ -236,13 +275,29 @@ func Read(r io.Reader, lim Limits) ([]Handed, error) {
 			}
 			cur.Objects = append(cur.Objects, payload)
 			objects++
+		case recExtra:
+			n, k := binary.Uvarint(payload)
+			if k <= 0 || n == 0 || n > maxNameBytes || n > uint64(len(payload)-k) {
+				return nil, errors.New("a handoff extra without a valid name")
+			}
+			name, data := string(payload[k:k+int(n)]), payload[k+int(n):]
+			if len(data) > lim.MaxExtraBytes {
+				return nil, fmt.Errorf("the handoff's extra %q has %d bytes, over the limit of %d", name, len(data), lim.MaxExtraBytes)
+			}
+			if _, dup := extras[name]; dup {
+				return nil, fmt.Errorf("the handoff has two extras %q", name)
+			}
+			if extras == nil {
+				extras = map[string][]byte{}
+			}
+			extras[name] = data
 		case recEnd:
 			var e end
 			if err := json.Unmarshal(payload, &e); err != nil {
 				return nil, fmt.Errorf("the handoff's end: %w", err)
 			}
-			if e.Sources != len(out) || e.Objects != objects {
-				return nil, fmt.Errorf("the handoff ends saying %d Sources and %d objects; it held %d and %d", e.Sources, e.Objects, len(out), objects)
+			if e.Sources != len(out) || e.Objects != objects || e.Extras != len(extras) {
+				return nil, fmt.Errorf("the handoff ends saying %d Sources, %d objects and %d extras; it held %d, %d and %d", e.Sources, e.Objects, e.Extras, len(out), objects, len(extras))
 			}
 			want := cr.crc.Sum32()
 			sum, err := cr.next(4)
@@ -252,7 +307,7 @@ func Read(r io.Reader, lim Limits) ([]Handed, error) {
 			if got := binary.BigEndian.Uint32(sum); got != want {
 				return nil, fmt.Errorf("the handoff is corrupt: its checksum is %08x, its bytes sum to %08x", got, want)
 			}
-			return out, nil
+			return &Contents{Sources: out, Extras: extras}, nil
 		default:
 			return nil, fmt.Errorf("a handoff record of unknown kind %q", kind)
 		}

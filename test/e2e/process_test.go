@@ -212,3 +212,21 @@ func (d *daemonProc) metric(name string) float64 {
 	d.t.Fatalf("metric %s not found", name)
 	return 0
 }
+
+// metricSum sums every sample of the metric name, whatever its labels (0
+// if it has none).
+func (d *daemonProc) metricSum(name string) float64 {
+	d.t.Helper()
+	resp := d.scrape("/metrics")
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 2 && (f[0] == name || strings.HasPrefix(f[0], name+"{")) {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			sum += v
+		}
+	}
+	return sum
+}

@@ -1,0 +1,140 @@
+package auth
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+)
+
+// unreachable fails every review, as an API server that is down does.
+func unreachable() (*fakeTokenReviews, *fakeAccessReviews) {
+	down := errors.New("connection refused")
+	return &fakeTokenReviews{review: func(*authenticationv1.TokenReview) (*authenticationv1.TokenReviewStatus, error) { return nil, down }},
+		&fakeAccessReviews{decide: func(authorizationv1.SubjectAccessReviewSpec) (authorizationv1.SubjectAccessReviewStatus, error) {
+			return authorizationv1.SubjectAccessReviewStatus{}, down
+		}}
+}
+
+// What one daemon verified, another daemon answers from it (here, its
+// reviews all failing) with the same user and the same expiries, after a
+// round trip through JSON as the handoff carries it; what was denied or
+// never asked still needs a review.
+func TestImportAnswersWhatExportRemembered(t *testing.T) {
+	c := newClock()
+	ctx := context.Background()
+	a := newTestAuthenticator(t, &fakeTokenReviews{review: authenticated(nil)}, c, AuthenticatorOptions{NodeName: "n1"})
+	z := newTestAuthorizer(t, &fakeAccessReviews{decide: inNamespaceA}, c, AuthorizerOptions{})
+	token := bearer(jwt(map[string]any{"exp": c.Now().Add(time.Hour).Unix()}))
+	u, userUntil, err := a.Authenticate(ctx, token, "uid 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inA := Attributes{Verb: "watch", Resource: configMaps, Namespace: "a"}
+	inB := Attributes{Verb: "watch", Resource: configMaps, Namespace: "b"}
+	accessUntil, err := z.Authorize(ctx, u, inA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := z.Authorize(ctx, u, inB); !errors.Is(err, ErrDenied) {
+		t.Fatalf("namespace b: %v, want ErrDenied", err)
+	}
+	data, err := json.Marshal(Export(a, z))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Remembered
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+
+	c.advance(10 * time.Second)
+	ft, fz := unreachable()
+	a2 := newTestAuthenticator(t, ft, c, AuthenticatorOptions{NodeName: "n1"})
+	z2 := newTestAuthorizer(t, fz, c, AuthorizerOptions{})
+	if tokens, allowed := Import(r, a2, z2); tokens != 1 || allowed != 1 {
+		t.Fatalf("imported %d tokens and %d accesses, want 1 and 1", tokens, allowed)
+	}
+	u2, until, err := a2.Authenticate(ctx, token, "uid 2")
+	if err != nil || !reflect.DeepEqual(u2, u) || !until.Equal(userUntil) {
+		t.Fatalf("the token on the new daemon: %+v until %v (%v); want %+v until %v", u2, until, err, u, userUntil)
+	}
+	if until, err := z2.Authorize(ctx, u2, inA); err != nil || !until.Equal(accessUntil) {
+		t.Fatalf("the access allowed: until %v (%v), want until %v", until, err, accessUntil)
+	}
+	if _, err := z2.Authorize(ctx, u2, inB); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("the access denied before: %v, want ErrUnavailable (a review, which fails)", err)
+	}
+	if _, _, err := a2.Authenticate(ctx, bearer(jwt(map[string]any{"sub": "another"})), "uid 2"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a token never seen: %v, want ErrUnavailable", err)
+	}
+	if ft.calls.Load() != 1 || fz.calls.Load() != 1 {
+		t.Fatalf("%d TokenReviews and %d SubjectAccessReviews, want 1 each (the questions not handed off)", ft.calls.Load(), fz.calls.Load())
+	}
+
+	// Past their expiry they are asked again.
+	c.advance(accessUntil.Sub(c.Now()) + time.Second)
+	if _, _, err := a2.Authenticate(ctx, token, "uid 2"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("past its expiry, the token: %v, want ErrUnavailable", err)
+	}
+	if _, err := z2.Authorize(ctx, u2, inA); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("past its expiry, the access: %v, want ErrUnavailable", err)
+	}
+}
+
+// Import never widens: an Authenticator of another audience or node takes
+// no token, shorter TTLs shorten the expiries, and expired or malformed
+// entries are left out.
+func TestImportNeverWidens(t *testing.T) {
+	c := newClock()
+	now := c.Now()
+	u := &User{Name: "system:serviceaccount:a:reader"}
+	key := make([]byte, 32)
+	r := Remembered{
+		Audience: DefaultAudience, NodeName: "n1",
+		Tokens: []RememberedToken{
+			{Key: key, User: u, Expires: now.Add(time.Hour)},
+			{Key: key[:31], User: u, Expires: now.Add(time.Hour)},
+			{Key: key, Expires: now.Add(time.Hour)},
+			{Key: key, User: u, Expires: now.Add(-time.Second)},
+		},
+		Allowed: []RememberedAccess{
+			{Key: key, Expires: now.Add(time.Hour)},
+			{Key: key[:8], Expires: now.Add(time.Hour)},
+			{Key: key, Expires: now},
+		},
+	}
+	ft, fz := unreachable()
+	for name, tc := range map[string]struct {
+		opts       AuthenticatorOptions
+		wantTokens int
+	}{
+		"same audience and node":  {AuthenticatorOptions{NodeName: "n1"}, 1},
+		"another audience":        {AuthenticatorOptions{NodeName: "n1", Audience: "other"}, 0},
+		"another node":            {AuthenticatorOptions{NodeName: "n2"}, 0},
+		"no node check, where n1": {AuthenticatorOptions{}, 0},
+	} {
+		a := newTestAuthenticator(t, ft, c, tc.opts)
+		if got, _ := Import(r, a, nil); got != tc.wantTokens {
+			t.Errorf("%s: imported %d tokens, want %d", name, got, tc.wantTokens)
+		}
+	}
+	a := newTestAuthenticator(t, ft, c, AuthenticatorOptions{NodeName: "n1", CacheTTL: time.Minute})
+	z := newTestAuthorizer(t, fz, c, AuthorizerOptions{AllowTTL: 2 * time.Minute})
+	if tokens, allowed := Import(r, a, z); tokens != 1 || allowed != 1 {
+		t.Fatalf("imported %d tokens and %d accesses, want 1 and 1", tokens, allowed)
+	}
+	var k tokenKey
+	if e, _ := a.cache.Peek(k); !e.expires.Equal(now.Add(time.Minute)) {
+		t.Errorf("a token verified for an hour, under a CacheTTL of 1m: expires %v, want %v", e.expires, now.Add(time.Minute))
+	}
+	var ak accessKey
+	if exp, _ := z.allowed.Peek(ak); !exp.Equal(now.Add(2 * time.Minute)) {
+		t.Errorf("an access allowed for an hour, under an AllowTTL of 2m: expires %v, want %v", exp, now.Add(2*time.Minute))
+	}
+}
