@@ -40,7 +40,7 @@ controlplane: ## Build the test control plane (cached outside the clone; ~15 min
 	@test/controlplane/build.sh >/dev/null
 
 .PHONY: promtool
-promtool: ## Build promtool, which checks and unit-tests the alerts (cached outside the clone; a few minutes cold).
+promtool: ## Fetch Debian's promtool, or build it, which checks and unit-tests the alerts (cached outside the clone).
 	@hack/monitoring/build.sh >/dev/null
 
 .PHONY: helm

@@ -38,14 +38,18 @@ done
 # CGO is off so the binaries do not depend on the host's libc; -trimpath keeps
 # the outputs independent of where the clone lives.
 export CGO_ENABLED=0
-for tool in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-	log "building $tool"
-	(cd "$here/kubernetes" && go build -trimpath -ldflags "$ldflags" -o "$tmp/bin/$tool" "k8s.io/kubernetes/cmd/$tool")
-done
-log "building etcd"
-(cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$tmp/bin/etcd" .)
-log "building kwok"
-(cd "$here/kwok" && go build -trimpath -ldflags "-s -w" -o "$tmp/bin/kwok" sigs.k8s.io/kwok/cmd/kwok)
+# The Kubernetes binaries in one go build, so that their links run beside
+# other packages' compiles; etcd's and kwok's (other modules) beside it, to
+# use the core its long single-package compiles and links leave idle.
+log "building etcd and kwok, beside kube-apiserver, kube-controller-manager, kube-scheduler and kubectl"
+(cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$tmp/bin/etcd" . &&
+	cd "$here/kwok" && go build -trimpath -ldflags "-s -w" -o "$tmp/bin/kwok" sigs.k8s.io/kwok/cmd/kwok) &
+others=$!
+(cd "$here/kubernetes" && go build -trimpath -ldflags "$ldflags" -o "$tmp/bin/" \
+	k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+	k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl) || { wait "$others"; exit 1; }
+wait "$others"
+log "built the binaries"
 
 # kwok's stage configs (what makes a fake pod Running with an IP) ship in the
 # kwok module itself; take them from there rather than keeping a copy.
