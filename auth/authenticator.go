@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/expirable"
@@ -86,6 +87,12 @@ type Authenticator struct {
 	known     *expirable.LRU[string, struct{}]
 	rotations *keyedLimiter
 	metrics   *authnMetrics
+	// carried answers tokens through an outage as the daemon this one
+	// took over from would have (Import).
+	carried graceMap[tokenKey, *User]
+
+	grantsMu sync.Mutex
+	grants   map[*Grant]struct{} // the live Grants, for Export
 }
 
 // reviewClass is who pays for a TokenReview.
@@ -222,6 +229,9 @@ func (a *Authenticator) authenticate(ctx context.Context, token, source string, 
 		return nil, time.Time{}, ctx.Err()
 	case r := <-ch:
 		e := r.Val.(tokenEntry)
+		if errors.Is(e.err, ErrUnavailable) {
+			return a.carried.answer(key, a.opts.Now(), c.expiry(), e.err)
+		}
 		return e.user, e.expires, e.err
 	}
 }

@@ -126,6 +126,9 @@ type Authorizer struct {
 	flight  singleflight.Group // of review, by access key
 	limit   *keyedLimiter
 	metrics *authzMetrics
+	// carried answers accesses through an outage as the daemon this one
+	// took over from would have (Import).
+	carried graceMap[accessKey, struct{}]
 }
 
 // decision is the outcome of one review.
@@ -224,6 +227,9 @@ func (z *Authorizer) authorize(ctx context.Context, u *User, a Attributes, class
 		d = r.Val.(decision)
 	}
 	switch {
+	case errors.Is(d.err, ErrUnavailable):
+		_, until, err := z.carried.answer(key, z.opts.Now(), time.Time{}, d.err)
+		return until, err
 	case d.err != nil:
 		return time.Time{}, d.err
 	case !d.allowed:

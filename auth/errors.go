@@ -18,6 +18,11 @@ var (
 	// ErrUnavailable: a review could not be made (the API server is
 	// unreachable or failing); the answer is unknown and not remembered.
 	ErrUnavailable = errors.New("review unavailable")
+
+	// errGraceSpent marks an ErrUnavailable past the grace a handoff
+	// carried (graceMap): a Grant revokes on it rather than starting a
+	// grace of its own.
+	errGraceSpent = errors.New("grace spent")
 )
 
 // Error is a decision explained for the person at the other end: Error

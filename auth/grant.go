@@ -95,8 +95,45 @@ func NewGrant(ctx context.Context, opts GrantOptions) (*Grant, error) {
 	g.mu.Lock()
 	g.armLocked(g.authn.opts.Now())
 	g.mu.Unlock()
+	g.authn.track(g, true)
 	context.AfterFunc(ctx, g.Stop)
 	return g, nil
+}
+
+// track adds g to (or removes it from) the live Grants that Export reads.
+func (a *Authenticator) track(g *Grant, live bool) {
+	a.grantsMu.Lock()
+	defer a.grantsMu.Unlock()
+	if !live {
+		delete(a.grants, g)
+		return
+	}
+	if a.grants == nil {
+		a.grants = map[*Grant]struct{}{}
+	}
+	a.grants[g] = struct{}{}
+}
+
+// liveGrants returns the live Grants.
+func (a *Authenticator) liveGrants() []*Grant {
+	a.grantsMu.Lock()
+	defer a.grantsMu.Unlock()
+	out := make([]*Grant, 0, len(a.grants))
+	for g := range a.grants {
+		out = append(out, g)
+	}
+	return out
+}
+
+// graced returns, if g's re-checks are failing because the API server is
+// unreachable, what it serves on and when its grace ends.
+func (g *Grant) graced() (token string, u *User, accesses []Attributes, until time.Time, ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped || g.failingSince.IsZero() {
+		return "", nil, nil, time.Time{}, false
+	}
+	return g.token, g.user, slices.Clone(g.accesses), g.failingSince.Add(g.grace), true
 }
 
 // User returns who the caller was last found to be.
@@ -132,6 +169,7 @@ func (g *Grant) Add(ctx context.Context, accesses ...Attributes) error {
 
 // Stop ends the Grant's re-checks. It is idempotent.
 func (g *Grant) Stop() {
+	g.authn.track(g, false)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.stopped = true
@@ -201,7 +239,7 @@ func (g *Grant) settle(user *User, tokenUntil, accessUntil time.Time, err error)
 		return nil
 	case err == nil:
 		g.user, g.tokenUntil, g.accessUntil, g.failingSince = user, tokenUntil, accessUntil, time.Time{}
-	case errors.Is(err, ErrUnavailable):
+	case errors.Is(err, ErrUnavailable) && !errors.Is(err, errGraceSpent):
 		if g.failingSince.IsZero() {
 			g.failingSince = now
 		}

@@ -19,6 +19,21 @@ type Remembered struct {
 	Tokens []RememberedToken `json:"tokens,omitempty"`
 	// Allowed are the accesses allowed, oldest first.
 	Allowed []RememberedAccess `json:"allowed,omitempty"`
+	// Graced are the callers whose streams are served through an outage:
+	// their Grants' re-checks fail because the API server is unreachable.
+	Graced []RememberedGrace `json:"graced,omitempty"`
+}
+
+// RememberedGrace is a caller served on through an API server outage, for
+// the grace after its stream's re-checks started failing (see Grant): its
+// token's SHA-256 and user, its accesses' keys, and when the grace ends.
+// The daemon that imports it answers the token and the accesses from it
+// until then, and only while it cannot ask the API server.
+type RememberedGrace struct {
+	TokenKey []byte    `json:"tokenKey"`
+	User     *User     `json:"user"`
+	Accesses [][]byte  `json:"accesses,omitempty"`
+	Until    time.Time `json:"until"`
 }
 
 // RememberedToken is a verified token: the SHA-256 of the token, its
@@ -57,6 +72,21 @@ func Export(a *Authenticator, z *Authorizer) Remembered {
 			}
 		}
 	}
+	if a != nil {
+		for _, g := range a.liveGrants() {
+			token, u, accesses, until, ok := g.graced()
+			if !ok || !a.opts.Now().Before(until) {
+				continue
+			}
+			key := keyOf(token)
+			rg := RememberedGrace{TokenKey: key[:], User: u, Until: until}
+			for _, at := range accesses {
+				k := keyOfAccess(u, at)
+				rg.Accesses = append(rg.Accesses, k[:])
+			}
+			r.Graced = append(r.Graced, rg)
+		}
+	}
 	return r
 }
 
@@ -65,9 +95,44 @@ func Export(a *Authenticator, z *Authorizer) Remembered {
 // accesses they took. It never widens what a caller may do: each entry
 // keeps its expiry, shortened to this one's CacheTTL or AllowTTL; tokens
 // verified for another audience or node are left out, and entries that
-// expired or are malformed too.
+// expired or are malformed too. A caller served through an outage (Graced)
+// is answered, while the API server cannot be asked only, until its grace
+// on the other daemon ends, cut to this one's grace (AllowTTL) from now;
+// it is counted among the tokens, its accesses among the accesses.
 func Import(r Remembered, a *Authenticator, z *Authorizer) (tokens, allowed int) {
-	if a != nil && r.Audience == a.opts.Audience && r.NodeName == a.opts.NodeName {
+	sameCaller := a != nil && r.Audience == a.opts.Audience && r.NodeName == a.opts.NodeName
+	if sameCaller && z != nil {
+		now := z.opts.Now()
+		for _, g := range r.Graced {
+			var k tokenKey
+			if len(g.TokenKey) != len(k) || g.User == nil || g.User.Name == "" {
+				continue
+			}
+			until := g.Until
+			if limit := now.Add(z.opts.AllowTTL); until.After(limit) {
+				until = limit
+			}
+			if !now.Before(until) {
+				continue
+			}
+			copy(k[:], g.TokenKey)
+			if !a.carried.put(k, g.User, until, a.opts.CacheSize) {
+				continue
+			}
+			tokens++
+			for _, ak := range g.Accesses {
+				var k accessKey
+				if len(ak) != len(k) {
+					continue
+				}
+				copy(k[:], ak)
+				if z.carried.put(k, struct{}{}, until, z.opts.CacheSize) {
+					allowed++
+				}
+			}
+		}
+	}
+	if sameCaller {
 		now := a.opts.Now()
 		for _, t := range r.Tokens {
 			var k tokenKey

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -137,4 +138,101 @@ func TestImportNeverWidens(t *testing.T) {
 	if exp, _ := z.allowed.Peek(ak); !exp.Equal(now.Add(2 * time.Minute)) {
 		t.Errorf("an access allowed for an hour, under an AllowTTL of 2m: expires %v, want %v", exp, now.Add(2*time.Minute))
 	}
+}
+
+// A stream the old daemon serves through an outage (its re-checks fail,
+// within the grace) is served by the daemon that takes it over until the
+// old one's grace would have ended, and no longer: the new daemon's Grant
+// does not start a grace of its own. Once the API server answers again it
+// is asked at once (within a retry), as the old daemon would have asked
+// it: a token revoked meanwhile ends the stream.
+func TestImportCarriesTheGraceOfAnOutage(t *testing.T) {
+	fixture := func() *grantFixture {
+		return newGrantFixture(t, AuthenticatorOptions{CacheTTL: time.Minute}, AuthorizerOptions{AllowTTL: 5 * time.Minute})
+	}
+	old, nu, again := fixture(), fixture(), fixture()
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		start := time.Now()
+		token := jwt(map[string]any{"aud": "informerd", "jti": "graced"})
+		u, until, err := old.authn.Authenticate(ctx, bearer(token), "uid 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &revocation{}
+		g, err := NewGrant(ctx, GrantOptions{Authenticator: old.authn, Authorizer: old.authz, Token: token, User: u, TokenUntil: until, Revoke: r.revoke})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Add(ctx, listConfigMaps); err != nil {
+			t.Fatal(err)
+		}
+		old.down.Store(true)
+		nu.down.Store(true)
+		again.down.Store(true)
+		time.Sleep(90 * time.Second) // the token's re-check failed at 1m: in the grace until 6m
+		if err, _ := r.get(); err != nil {
+			t.Fatalf("revoked within the grace: %v", err)
+		}
+		rem := Export(old.authn, old.authz)
+		if len(rem.Graced) != 1 || !rem.Graced[0].Until.Equal(start.Add(6*time.Minute)) {
+			t.Fatalf("exported the graces %+v, want one ending at %v", rem.Graced, start.Add(6*time.Minute))
+		}
+		data, err := json.Marshal(rem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var carried Remembered
+		if err := json.Unmarshal(data, &carried); err != nil {
+			t.Fatal(err)
+		}
+
+		// takeOver is what the new daemon does for the resumed stream.
+		takeOver := func(f *grantFixture) *revocation {
+			t.Helper()
+			// The token through its grace only (its verification expired);
+			// the access through its grace and its decision, still cached.
+			if tokens, allowed := Import(carried, f.authn, f.authz); tokens != 1 || allowed != 2 {
+				t.Fatalf("imported %d tokens and %d accesses, want 1 and 2", tokens, allowed)
+			}
+			u2, until, err := f.authn.Authenticate(ctx, bearer(token), "uid 2")
+			if err != nil || u2.Name != u.Name {
+				t.Fatalf("the token on the new daemon: %v, %v", u2, err)
+			}
+			if d := until.Sub(time.Now()); d > recheckRetry {
+				t.Fatalf("answered for %s, want at most %s (asked again soon)", d, recheckRetry)
+			}
+			if _, err := f.authz.Authorize(ctx, u2, Attributes{Verb: "list", Resource: configMaps, Namespace: "b"}); !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("an access the stream did not have: %v, want ErrUnavailable", err)
+			}
+			r2 := &revocation{}
+			g2, err := NewGrant(ctx, GrantOptions{Authenticator: f.authn, Authorizer: f.authz, Token: token, User: u2, TokenUntil: until, Revoke: r2.revoke})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := g2.Add(ctx, listConfigMaps); err != nil {
+				t.Fatalf("the stream's access on the new daemon: %v", err)
+			}
+			return r2
+		}
+		through, revoked := takeOver(nu), takeOver(again)
+
+		// The API server answers again, and says the token is revoked.
+		again.expired.Store(true)
+		again.down.Store(false)
+		time.Sleep(recheckRetry + 2*time.Second)
+		if err, _ := revoked.get(); !errors.Is(err, ErrUnauthenticated) {
+			t.Fatalf("the API server back, the revoked token's stream: %v, want ErrUnauthenticated within a retry", err)
+		}
+
+		time.Sleep(time.Hour) // still down for nu
+		err, at := through.get()
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("revoked with %v, want ErrUnavailable at the end of the old daemon's grace", err)
+		}
+		if d := at.Sub(start); d < 6*time.Minute || d > 6*time.Minute+2*recheckRetry {
+			t.Fatalf("revoked %s after the old daemon's grant, want at its grace's end (6m): not a grace of its own on top", d)
+		}
+	})
 }

@@ -37,6 +37,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/informerd/informerd/client"
+	informerdv1 "github.com/informerd/informerd/proto/informerd/v1"
 	"github.com/informerd/informerd/test/controlplane"
 )
 
@@ -131,7 +133,10 @@ type fleetRun struct {
 	ConsumerRSS          uint64             `json:"consumersRssBytes"`
 	SteadyLost           int                `json:"steadyLost"`
 	Upgrade              *fleetDisruption   `json:"upgrade,omitempty"`
-	Restart              *fleetDisruption   `json:"apiserverRestart,omitempty"`
+	// DownUpgrade is the rolling upgrade made while the API server is
+	// down (mode informerd).
+	DownUpgrade *fleetDisruption `json:"upgradeWhileDown,omitempty"`
+	Restart     *fleetDisruption `json:"apiserverRestart,omitempty"`
 }
 
 // fleetDisruption is a rolling upgrade or an API server restart.
@@ -151,6 +156,13 @@ type fleetDisruption struct {
 	// Lost: objects some consumer's store does not hold at the API
 	// server's resourceVersion once the churn has stopped.
 	Lost int `json:"lost"`
+	// Served (an upgrade while the API server is down): from a wave's
+	// start until a new client of each of its nodes got the handed-off
+	// state (SYNCED), max and median over nodes; Unserved counts the
+	// nodes whose new daemon did not serve it.
+	ServedMaxSeconds    float64 `json:"servedMaxSeconds,omitempty"`
+	ServedMedianSeconds float64 `json:"servedMedianSeconds,omitempty"`
+	Unserved            int     `json:"unserved,omitempty"`
 }
 
 func runFleetBench(args []string) error {
@@ -434,6 +446,11 @@ func (h *fleetHarness) run(ctx context.Context, mode string, k int) (fleetRun, e
 		}
 		if r.Upgrade, err = f.upgrade(ctx); err != nil {
 			return r, fmt.Errorf("rolling upgrade: %w", err)
+		}
+	}
+	if mode == fleetInformerd {
+		if r.DownUpgrade, err = f.upgradeWhileDown(ctx); err != nil {
+			return r, fmt.Errorf("upgrade while the API server is down: %w", err)
 		}
 	}
 	if r.Restart, err = f.restartAPIServer(ctx); err != nil {
@@ -1143,6 +1160,116 @@ func (f *fleet) upgrade(ctx context.Context) (*fleetDisruption, error) {
 	return d, err
 }
 
+// upgradeWhileDown kills the API server (-9) and, while it is down, rolls
+// every node's daemon by handoff in waves of 10%, measuring how soon a new
+// client of each node is served the handed-off state; then it starts the
+// API server and measures until every consumer has seen a write made once
+// it was ready, the LISTs that cost, and what was lost.
+func (f *fleet) upgradeWhileDown(ctx context.Context) (*fleetDisruption, error) {
+	h := f.h
+	d := &fleetDisruption{}
+	say("upgrade while the API server is down: kill -9, then %d nodes by handoff", f.k)
+	h.cp.KillAPIServer()
+	down := time.Now()
+	start := time.Now()
+	wave := max(1, f.k/10)
+	var served []float64
+	var mu sync.Mutex
+	for first := 0; first < f.k; first += wave {
+		nodes := make([]int, 0, wave)
+		for k := first; k < min(first+wave, f.k); k++ {
+			nodes = append(nodes, k)
+		}
+		t0 := time.Now()
+		if err := f.restartNodes(ctx, nodes); err != nil {
+			return nil, err
+		}
+		err := parallel(ctx, len(nodes), func(ctx context.Context, i int) error {
+			if err := f.newClientSyncs(ctx, nodes[i]); err != nil {
+				say("node %d not served while the API server is down: %v", nodes[i], err)
+				mu.Lock()
+				d.Unserved++
+				mu.Unlock()
+				return nil
+			}
+			mu.Lock()
+			served = append(served, time.Since(t0).Seconds())
+			mu.Unlock()
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	d.Seconds = time.Since(start).Seconds()
+	if len(served) > 0 {
+		slices.Sort(served)
+		d.ServedMaxSeconds, d.ServedMedianSeconds = served[len(served)-1], served[len(served)/2]
+	}
+	if err := sleep(ctx, max(0, h.w.Outage-time.Since(down))); err != nil {
+		return nil, err
+	}
+	if err := h.cp.StartAPIServer(ctx); err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	all := make([]int, f.k)
+	for k := range all {
+		all[k] = k
+	}
+	probes, err := h.probe(ctx, all)
+	if err != nil {
+		return nil, err
+	}
+	latest, err := f.seen(ctx, all, probes)
+	if err != nil {
+		return nil, err
+	}
+	d.CatchUpMaxSeconds = latest.Sub(t0).Seconds()
+	d.CatchUpMedianSeconds = d.CatchUpMaxSeconds
+	after, err := h.apiMetrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The killed API server's counters start again from zero: all of
+	// them are the upgrade's and the recovery's.
+	d.Lists, d.APICPUSeconds = after.lists, after.cpu
+	d.Lost, err = f.lost(ctx)
+	return d, err
+}
+
+// newClientSyncs opens a stream of node k's daemon as a new client of the
+// node's last role (a token its consumers use) and waits, at most 10 s,
+// for its SYNCED.
+func (f *fleet) newClientSyncs(ctx context.Context, k int) error {
+	roles := fleetRoles(f.h.w.Profile, f.h.w.PodsPerNode)
+	role := roles[len(roles)-1]
+	w := fleetWatches(role, k)[0]
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cl, err := client.Dial(f.socket(k), client.WithTokenFile(filepath.Join(f.h.dir, fleetSA(role)+"-informerd")))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	s, err := cl.Stream(ctx, client.WatchOptions{Resource: w.gvr, Namespace: w.namespace, FieldSelector: w.fieldSelector, ClientName: "bench-new-client", Protobuf: true}, "")
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	for {
+		evs, err := s.Recv()
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.GetType() == informerdv1.EventType_EVENT_TYPE_SYNCED {
+				return nil
+			}
+		}
+	}
+}
+
 // restartNodes restarts the daemons of nodes; in direct mode, those nodes'
 // consumers. In informerd mode, as deploy/'s surge upgrade does: a new
 // daemon starts beside the old one and takes over by handoff, then the old
@@ -1270,6 +1397,21 @@ func printFleet(w io.Writer, runs []fleetRun) {
 			r.StartLists, r.StartWatches, r.APICPUSeconds, float64(r.APIRSSBytes)/(1<<20), r.WatchEvents, r.WatchEventBytes/1e6, r.NodeEvents, r.FloorEvents,
 			r.DaemonCPU, float64(r.DaemonRSS)/(1<<20), r.ConsumerCPU, float64(r.ConsumerRSS)/(1<<20), r.SyncSeconds, r.SteadyLost,
 			upg, rs, lostU, lostR)
+	}
+	tw.Flush()
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	header := false
+	for _, r := range runs {
+		d := r.DownUpgrade
+		if d == nil {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(w, "\nupgrade while the API server is down (served: from a wave's start until a new client of each node synced):")
+			fmt.Fprintln(tw, "mode\tK\tserved max/med s\tnodes unserved\tconverge after the API server s\tlists\tlost\t")
+			header = true
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2f/%.2f\t%d\t%.1f\t%.0f\t%d\t\n", r.Mode, r.K, d.ServedMaxSeconds, d.ServedMedianSeconds, d.Unserved, d.CatchUpMaxSeconds, d.Lists, d.Lost)
 	}
 	tw.Flush()
 }

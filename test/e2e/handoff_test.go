@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/informerd/informerd/client"
@@ -371,4 +373,73 @@ func TestHandoffOfAnIdleDaemon(t *testing.T) {
 	})
 	s := openStream(ctx, t, dialWith(t, socket, client.WithToken(identity(t, reads(configMaps, ns)))), client.WatchOptions{Resource: configMaps, Namespace: ns}, "")
 	s.until(ctx, t, "a new client syncs", isType(informerdv1.EventType_EVENT_TYPE_SYNCED))
+}
+
+// TestHandoffThroughALongOutage: an upgrade well into an outage, when the
+// old daemon can no longer verify its callers' tokens (their verifications
+// expired; it serves their streams on for the grace after their re-checks
+// began to fail) still serves them: the new daemon carries the grace, and
+// the resumed stream, a new one and a Get of the same caller are served
+// from the handed-off state; a caller the old daemon did not serve is not.
+func TestHandoffThroughALongOutage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := createNamespace(ctx, t, "long-outage")
+	createConfigMap(ctx, t, ns, "one", nil)
+	dir := t.TempDir()
+	socket, handoff := filepath.Join(dir, "run", "informerd.sock"), filepath.Join(dir, "handoff", "handoff.sock")
+	flags := []string{"-handoff-socket", handoff, "-token-cache-ttl", "2s"}
+	oldLog := &syncBuffer{}
+	startDaemonProcessTo(t, socket, oldLog, flags...)
+	c := dialWith(t, socket, client.WithToken(identity(t, reads(configMaps, ns))))
+	stranger := dialWith(t, socket, client.WithToken(identity(t, reads(configMaps, ns))))
+	opts := client.WatchOptions{Resource: configMaps, Namespace: ns, ClientName: "long-outage"}
+	s := openStream(ctx, t, c, opts, "")
+	s.until(ctx, t, "the stream syncs", isType(informerdv1.EventType_EVENT_TYPE_SYNCED))
+
+	env.StopAPIServer()
+	restarted := false
+	t.Cleanup(func() { // later tests need the API server
+		if !restarted {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			_ = env.StartAPIServer(ctx)
+			_ = env.RestartWatchers(ctx)
+		}
+	})
+	// Past the token's verification and its first failed re-check, the
+	// old daemon serves the stream in its grace only.
+	eventually(ctx, t, "the old daemon serves the stream in its grace", func() bool {
+		return strings.Contains(oldLog.String(), "serving on within the grace")
+	})
+	startDaemonProcess(t, socket, flags...)
+	got, err := s.rest(ctx, t)
+	if len(got) == 0 || got[len(got)-1].GetType() != informerdv1.EventType_EVENT_TYPE_BOOKMARK {
+		t.Fatalf("the old daemon ended the stream (%v) after %s, want the handoff's Bookmark last", err, describe(got))
+	}
+	at := got[len(got)-1].GetResourceVersion()
+	resumed := openStream(ctx, t, c, opts, at)
+	openStream(ctx, t, c, opts, "").until(ctx, t, "a new stream of the caller syncs", isType(informerdv1.EventType_EVENT_TYPE_SYNCED))
+	get := &informerdv1.GetRequest{Resource: &informerdv1.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Namespace: ns, Name: "one", ClientName: "long-outage"}
+	if _, err := c.API().Get(ctx, get); err != nil {
+		t.Errorf("a Get of the caller: %v", err)
+	}
+	if _, err := stranger.API().Get(ctx, get); status.Code(err) != codes.Unavailable {
+		t.Errorf("a Get of a caller the old daemon never served: %v, want UNAVAILABLE", err)
+	}
+
+	if err := env.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	if err := env.RestartWatchers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	createConfigMap(ctx, t, ns, "after", nil)
+	evs := resumed.until(ctx, t, "a change after the outage arrives", isAdded("after"))
+	for _, ev := range evs {
+		if ev.GetType() == informerdv1.EventType_EVENT_TYPE_RESET {
+			t.Fatalf("resumed at %s on the new daemon, the stream got %s: want no RESET", at, describe(evs))
+		}
+	}
 }
