@@ -162,7 +162,7 @@ bench-idle: controlplane build ## Daemon CPU, goroutines and memory of 1,000 idl
 BENCH_FLEET_FLAGS ?=
 
 .PHONY: bench-fleet
-bench-fleet: controlplane build ## K simulated nodes (10, 50, 100), each an informerd with 5 consumers (-profile mesh: a proxy per Pod), vs the same consumers direct: API server cost, events against the floor, rolling upgrade, API server restart (docs/scale.md).
+bench-fleet: controlplane build ## K simulated nodes (10, 50, 100), each an informerd with 5 consumers (-profile mesh: a proxy per Pod), vs the same consumers direct: API server cost, events against the floor, rolling upgrade, upgrade while the API server is down, API server restart (docs/scale.md).
 	$(GO) build -o $(BIN)/bench ./test/bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/bench fleet -bin $(BIN) $(BENCH_FLEET_FLAGS)
 
