@@ -542,6 +542,9 @@ type fleet struct {
 	k       int
 	daemons []*daemon // by node; nil in direct mode
 	procs   []*fleetProc
+	// retiring stops the daemons that handed off (restartNodes); stop
+	// waits for it.
+	retiring sync.WaitGroup
 }
 
 type fleetProc struct {
@@ -627,6 +630,7 @@ func (f *fleet) start(ctx context.Context) error {
 }
 
 func (f *fleet) stop() {
+	f.retiring.Wait()
 	for _, p := range f.procs {
 		p.stdin.Close()
 		done := make(chan struct{})
@@ -1276,8 +1280,9 @@ func (f *fleet) newClientSyncs(ctx context.Context, k int) error {
 
 // restartNodes restarts the daemons of nodes; in direct mode, those nodes'
 // consumers. In informerd mode, as deploy/'s surge upgrade does: a new
-// daemon starts beside the old one and takes over by handoff, then the old
-// one, unready once it handed off, is stopped. In informerd-norecovery
+// daemon starts beside the old one and takes over by handoff, and it
+// returns then, the old one, unready once it handed off, being stopped in
+// the background (f.retiring). In informerd-norecovery
 // mode (no handoff socket): SIGTERM, then a new daemon on the same socket.
 func (f *fleet) restartNodes(ctx context.Context, nodes []int) error {
 	return parallel(ctx, len(nodes), func(ctx context.Context, i int) error {
@@ -1316,10 +1321,13 @@ func (f *fleet) restartNodes(ctx context.Context, nodes []int) error {
 			resp.Body.Close()
 			return resp.StatusCode == http.StatusServiceUnavailable, nil
 		})
-		old.stop()
 		if err != nil {
+			old.stop()
 			return fmt.Errorf("node %d's old daemon never handed off: %w", k, err)
 		}
+		// Handed off, the old daemon serves nobody: the kubelet stops it
+		// beside what follows, and no client waits for its end.
+		f.retiring.Go(old.stop)
 		return nil
 	})
 }
