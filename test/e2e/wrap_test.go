@@ -300,19 +300,22 @@ func TestWrapConfigInformersMatchDirect(t *testing.T) {
 
 			// The API server's state, read again each time: kwok keeps
 			// updating the pods' status.
+			// The objects compared below are those of the same reads: a
+			// later read may hold a status update one informer has seen
+			// and the other not yet.
 			var want, dRVs, wRVs map[string]string
+			var dObjs, wObjs map[string]any
+			var dMeta, wMeta map[string]string
 			err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 				want = apiState(ctx, t, ns)
-				d, _ := direct.state()
-				w, _ := viaDaemon.state()
-				dRVs, wRVs = resourceVersions(d), resourceVersions(w)
+				dObjs, dMeta = direct.state()
+				wObjs, wMeta = viaDaemon.state()
+				dRVs, wRVs = resourceVersions(dObjs), resourceVersions(wObjs)
 				return apiequality.Semantic.DeepEqual(dRVs, want) && apiequality.Semantic.DeepEqual(wRVs, want), nil
 			})
 			if err != nil {
 				t.Fatalf("the informers never held the API server's state %v:\ndirect  %v\nwrapped %v", want, dRVs, wRVs)
 			}
-			dObjs, dMeta := direct.state()
-			wObjs, wMeta := viaDaemon.state()
 			for k, o := range dObjs {
 				if !apiequality.Semantic.DeepEqual(o, wObjs[k]) {
 					t.Errorf("%s differs:\ndirect  %#v\nwrapped %#v", k, o, wObjs[k])
