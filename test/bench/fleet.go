@@ -1131,13 +1131,8 @@ func (f *fleet) upgrade(ctx context.Context) (*fleetDisruption, error) {
 	churn := h.churn(ctx)
 	defer func() { _ = churn() }() // on an early return; the error is the wave's
 	start := time.Now()
-	wave := max(1, f.k/10)
 	var catchUps []float64
-	for first := 0; first < f.k; first += wave {
-		nodes := make([]int, 0, wave)
-		for k := first; k < min(first+wave, f.k); k++ {
-			nodes = append(nodes, k)
-		}
+	for _, nodes := range f.waves() {
 		t0 := time.Now()
 		if err := f.restartNodes(ctx, nodes); err != nil {
 			return nil, err
@@ -1181,14 +1176,9 @@ func (f *fleet) upgradeWhileDown(ctx context.Context) (*fleetDisruption, error) 
 	h.cp.KillAPIServer()
 	down := time.Now()
 	start := time.Now()
-	wave := max(1, f.k/10)
 	var served []float64
 	var mu sync.Mutex
-	for first := 0; first < f.k; first += wave {
-		nodes := make([]int, 0, wave)
-		for k := first; k < min(first+wave, f.k); k++ {
-			nodes = append(nodes, k)
-		}
+	for _, nodes := range f.waves() {
 		t0 := time.Now()
 		if err := f.restartNodes(ctx, nodes); err != nil {
 			return nil, err
@@ -1222,15 +1212,7 @@ func (f *fleet) upgradeWhileDown(ctx context.Context) (*fleetDisruption, error) 
 		return nil, err
 	}
 	t0 := time.Now()
-	all := make([]int, f.k)
-	for k := range all {
-		all[k] = k
-	}
-	probes, err := h.probe(ctx, all)
-	if err != nil {
-		return nil, err
-	}
-	latest, err := f.seen(ctx, all, probes)
+	latest, err := f.allSeen(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -1244,6 +1226,35 @@ func (f *fleet) upgradeWhileDown(ctx context.Context) (*fleetDisruption, error) 
 	}
 	d.Lost, err = f.lost(ctx)
 	return d, err
+}
+
+// waves splits the nodes into waves of 10%, as a DaemonSet's rolling
+// update with maxSurge or maxUnavailable 10% does.
+func (f *fleet) waves() [][]int {
+	wave := max(1, f.k/10)
+	var out [][]int
+	for first := 0; first < f.k; first += wave {
+		nodes := make([]int, 0, wave)
+		for k := first; k < min(first+wave, f.k); k++ {
+			nodes = append(nodes, k)
+		}
+		out = append(out, nodes)
+	}
+	return out
+}
+
+// allSeen writes every node's probes and returns the latest time one of
+// their consumers saw its probe.
+func (f *fleet) allSeen(ctx context.Context) (time.Time, error) {
+	all := make([]int, f.k)
+	for k := range all {
+		all[k] = k
+	}
+	probes, err := f.h.probe(ctx, all)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return f.seen(ctx, all, probes)
 }
 
 // newClientSyncs opens a stream of node k's daemon as a new client of the
@@ -1353,15 +1364,7 @@ func (f *fleet) restartAPIServer(ctx context.Context) (*fleetDisruption, error) 
 	}
 	s := h.sample(ctx)
 	defer s.stop()
-	all := make([]int, f.k)
-	for k := range all {
-		all[k] = k
-	}
-	probes, err := h.probe(ctx, all)
-	if err != nil {
-		return nil, err
-	}
-	latest, err := f.seen(ctx, all, probes)
+	latest, err := f.allSeen(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -211,16 +211,7 @@ func TestHandoffThroughAnOutage(t *testing.T) {
 	}
 
 	held := listSelected(ctx, t, ns, "")
-	env.StopAPIServer()
-	restarted := false
-	t.Cleanup(func() { // later tests need the API server
-		if !restarted {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			_ = env.StartAPIServer(ctx)
-			_ = env.RestartWatchers(ctx)
-		}
-	})
+	restart := stopAPIServer(t)
 	// The upgrade comes while the old daemon serves without upstream.
 	eventually(ctx, t, "the old daemon's informers are counted stale", func() bool { return old.metricSum("informerd_sources_stale") >= 2 })
 	nu := startDaemonProcess(t, socket, "-handoff-socket", handoff)
@@ -266,13 +257,7 @@ func TestHandoffThroughAnOutage(t *testing.T) {
 	}
 	eventually(ctx, t, "the new daemon's informers are counted stale", func() bool { return nu.metricSum("informerd_sources_stale") >= 2 })
 
-	if err := env.StartAPIServer(ctx); err != nil {
-		t.Fatal(err)
-	}
-	restarted = true
-	if err := env.RestartWatchers(ctx); err != nil {
-		t.Fatal(err)
-	}
+	restart(ctx)
 	createConfigMap(ctx, t, ns, "after", nil)
 	evs := resumed.until(ctx, t, "a change after the outage arrives", isAdded("after"))
 	for _, ev := range evs {
@@ -397,16 +382,7 @@ func TestHandoffThroughALongOutage(t *testing.T) {
 	s := openStream(ctx, t, c, opts, "")
 	s.until(ctx, t, "the stream syncs", isType(informerdv1.EventType_EVENT_TYPE_SYNCED))
 
-	env.StopAPIServer()
-	restarted := false
-	t.Cleanup(func() { // later tests need the API server
-		if !restarted {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			_ = env.StartAPIServer(ctx)
-			_ = env.RestartWatchers(ctx)
-		}
-	})
+	restart := stopAPIServer(t)
 	// Past the token's verification and its first failed re-check, the
 	// old daemon serves the stream in its grace only.
 	eventually(ctx, t, "the old daemon serves the stream in its grace", func() bool {
@@ -428,18 +404,34 @@ func TestHandoffThroughALongOutage(t *testing.T) {
 		t.Errorf("a Get of a caller the old daemon never served: %v, want UNAVAILABLE", err)
 	}
 
-	if err := env.StartAPIServer(ctx); err != nil {
-		t.Fatal(err)
-	}
-	restarted = true
-	if err := env.RestartWatchers(ctx); err != nil {
-		t.Fatal(err)
-	}
+	restart(ctx)
 	createConfigMap(ctx, t, ns, "after", nil)
 	evs := resumed.until(ctx, t, "a change after the outage arrives", isAdded("after"))
 	for _, ev := range evs {
 		if ev.GetType() == informerdv1.EventType_EVENT_TYPE_RESET {
 			t.Fatalf("resumed at %s on the new daemon, the stream got %s: want no RESET", at, describe(evs))
 		}
+	}
+}
+
+// stopAPIServer stops the API server until the func it returns starts it
+// again (startAPIServer); if the test ends first, its cleanup does, for
+// the tests after it.
+func stopAPIServer(t *testing.T) (restart func(context.Context)) {
+	t.Helper()
+	env.StopAPIServer()
+	started := false
+	t.Cleanup(func() {
+		if !started {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			_ = env.StartAPIServer(ctx)
+			_ = env.RestartWatchers(ctx)
+		}
+	})
+	return func(ctx context.Context) {
+		t.Helper()
+		startAPIServer(ctx, t)
+		started = true
 	}
 }
