@@ -36,7 +36,7 @@ image: ## Build the static, non-root OCI image (no Docker) into _output/image (V
 		-platforms='$(PLATFORMS)' -revision='$(shell git rev-parse HEAD 2>/dev/null)'
 
 .PHONY: controlplane
-controlplane: ## Build the test control plane (cached outside the clone; ~15 min cold).
+controlplane: ## Build the test control plane, kwok and helm (cached outside the clone; ~15 min cold).
 	@test/controlplane/build.sh >/dev/null
 
 .PHONY: promtool
@@ -44,15 +44,14 @@ promtool: ## Fetch Debian's promtool, or build it, which checks and unit-tests t
 	@hack/monitoring/build.sh >/dev/null
 
 .PHONY: helm
-helm: ## Build helm (v4), which renders and installs the chart in the tests (cached outside the clone); prints its path.
-	@echo "$$(hack/helm/build.sh)/helm"
+helm: ## Build helm (v4, with the control plane), which renders and installs the chart in the tests; prints its path.
+	@echo "$$(test/controlplane/build.sh)/helm"
 
-# test-tools builds what the tests run beside the code, at once: each
-# build's links and downloads leave a core idle that another build's
-# compiles use. A failure of any stops make test.
+# test-tools builds what the tests run beside the code, at once (promtool
+# is mostly a download). A failure of either stops make test.
 .PHONY: test-tools
 test-tools:
-	@pids=(); for b in test/controlplane/build.sh hack/monitoring/build.sh hack/helm/build.sh; do \
+	@pids=(); for b in test/controlplane/build.sh hack/monitoring/build.sh; do \
 		"$$b" >/dev/null & pids+=($$!); \
 	done; for p in "$${pids[@]}"; do wait "$$p"; done
 
@@ -61,8 +60,8 @@ test-tools:
 E2E_SHARDS ?= 2
 
 .PHONY: test
-test: test-tools ## Run every test (unit and e2e, in E2E_SHARDS processes) with -race, then each fuzz target briefly; builds the control plane, promtool and helm (at once) if needed.
-	INFORMERD_PROMTOOL="$$(hack/monitoring/build.sh 2>/dev/null)/promtool" INFORMERD_HELM="$$(hack/helm/build.sh 2>/dev/null)/helm" \
+test: test-tools ## Run every test (unit and e2e, in E2E_SHARDS processes) with -race, then each fuzz target briefly; builds the control plane, promtool and helm if needed.
+	INFORMERD_PROMTOOL="$$(hack/monitoring/build.sh 2>/dev/null)/promtool" INFORMERD_HELM="$$(test/controlplane/build.sh 2>/dev/null)/helm" \
 		GO='$(GO)' E2E_SHARDS='$(E2E_SHARDS)' TEST_FLAGS='$(TEST_FLAGS)' hack/test.sh
 	cd hack/plot && $(GO) test -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz
@@ -97,8 +96,8 @@ test-unit: ## Run the unit tests only (no control plane).
 	$(GO) test -race -count=1 $(TEST_FLAGS) $$($(GO) list ./... | grep -v /test/e2e)
 
 .PHONY: test-e2e
-test-e2e: controlplane helm ## Run the e2e tests matching E2E_RUN against a fresh control plane.
-	INFORMERD_HELM="$$(hack/helm/build.sh 2>/dev/null)/helm" $(GO) test -race -count=1 -timeout=30m -run '$(E2E_RUN)' -v $(TEST_FLAGS) ./test/e2e/...
+test-e2e: controlplane ## Run the e2e tests matching E2E_RUN against a fresh control plane.
+	INFORMERD_HELM="$$(test/controlplane/build.sh 2>/dev/null)/helm" $(GO) test -race -count=1 -timeout=30m -run '$(E2E_RUN)' -v $(TEST_FLAGS) ./test/e2e/...
 
 # CLUSTER_FLAGS, e.g. CLUSTER_FLAGS="-apiserver-port 6443".
 CLUSTER_FLAGS ?=

@@ -25,16 +25,17 @@ import (
 
 const chart = "helm/informerd"
 
-// helmBin returns $INFORMERD_HELM, else the helm that hack/helm/build.sh
-// builds (and caches outside the clone).
+// helmBin returns $INFORMERD_HELM, else the helm that
+// test/controlplane/build.sh builds with the control plane (and caches
+// outside the clone).
 func helmBin(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv("INFORMERD_HELM"); p != "" {
 		return p
 	}
-	out, err := exec.Command("../hack/helm/build.sh").Output()
+	out, err := exec.Command("../test/controlplane/build.sh").Output()
 	if err != nil {
-		t.Fatalf("building helm (hack/helm/build.sh): %v", err)
+		t.Fatalf("building helm (test/controlplane/build.sh): %v", err)
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	return filepath.Join(lines[len(lines)-1], "helm")

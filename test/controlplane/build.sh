@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# build.sh builds the test control plane (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, etcd, kwok) from the pinned tool modules beside it, into
+# build.sh builds the tests' tools: the control plane (kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubectl, etcd), kwok and helm,
+# from the one module that pins them (tools/), into
 #   ${INFORMERD_CACHE_DIR:-$HOME/.cache/informerd}/controlplane/<hash>/bin
-# where <hash> covers the tool modules' go.mod/go.sum and this script. A
-# cache hit returns at once. It prints the bin directory on its last line.
+# where <hash> covers tools/ and this script. A cache hit returns at once.
+# It prints the bin directory on its last line.
+#
+# One go build compiles every package the binaries share once. The tests'
+# static builds of informerd's commands (hack/test.sh, test/e2e's goBuild)
+# reuse from the build cache what they share with it while the modules
+# informerd's go.mod shares with tools/go.mod are at one version each, which
+# TestToolsShareInformerdsVersions checks.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${INFORMERD_CACHE_DIR:-$HOME/.cache/informerd}/controlplane"
 
 k8s_version="v1.37.2"
-hash="$(cat "$here"/build.sh "$here"/*/go.mod "$here"/*/go.sum | sha256sum | cut -c1-16)"
+hash="$(cat "$here"/build.sh "$here"/tools/go.mod "$here"/tools/go.sum "$here"/tools/etcd/main.go | sha256sum | cut -c1-16)"
 dest="$cache_root/$hash"
 
 if [[ -x "$dest/bin/kube-apiserver" && -f "$dest/.complete" ]]; then
@@ -35,25 +42,21 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 	ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
+# helm version prints the module's version, as a release build's does; -X
+# names a variable of one binary each, and the linker ignores the others.
+helm_version="$(cd "$here/tools" && go list -m -f '{{.Version}}' helm.sh/helm/v4)"
+ldflags+=" -X helm.sh/helm/v4/internal/version.version=$helm_version"
+
 # CGO is off so the binaries do not depend on the host's libc; -trimpath keeps
 # the outputs independent of where the clone lives.
-export CGO_ENABLED=0
-# The Kubernetes binaries in one go build, so that their links run beside
-# other packages' compiles; etcd's and kwok's (other modules) beside it, to
-# use the core its long single-package compiles and links leave idle.
-log "building etcd and kwok, beside kube-apiserver, kube-controller-manager, kube-scheduler and kubectl"
-(cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$tmp/bin/etcd" . &&
-	cd "$here/kwok" && go build -trimpath -ldflags "-s -w" -o "$tmp/bin/kwok" sigs.k8s.io/kwok/cmd/kwok) &
-others=$!
-(cd "$here/kubernetes" && go build -trimpath -ldflags "$ldflags" -o "$tmp/bin/" \
-	k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-	k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl) || { wait "$others"; exit 1; }
-wait "$others"
+log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok and helm"
+(cd "$here/tools" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/bin/" \
+	tool ./etcd)
 log "built the binaries"
 
 # kwok's stage configs (what makes a fake pod Running with an IP) ship in the
 # kwok module itself; take them from there rather than keeping a copy.
-kwok_dir="$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+kwok_dir="$(cd "$here/tools" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
 mkdir -p "$tmp/stage"
 # The set is kwok's own "fast" kustomization: node/fast, node/heartbeat-with-lease, pod/fast.
 for f in "$kwok_dir"/kustomize/stage/{node/fast,node/heartbeat-with-lease,pod/fast}/*.yaml; do

@@ -3,7 +3,7 @@
 // kube-apiserver always; kube-controller-manager, kube-scheduler and kwok
 // (one fake node, so that pods are scheduled, Running and get IPs) on request.
 //
-// The binaries are built from the pinned tool modules under this directory by
+// The binaries are built from the pinned tool module under this directory by
 // build.sh and cached outside the clone; Start builds them on first use.
 // Every start generates fresh PKI and a fresh etcd data directory. Processes
 // are stopped in reverse start order, with SIGKILL after a short grace.
