@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -247,7 +248,11 @@ func (c *Client) Retry(ctx context.Context, o RetryOptions, once func(ctx contex
 // daemon was unreachable it tries again as soon as the connection is back
 // (awaitDaemon, at most b.Max later); after an error the daemon returned,
 // it waits with jittered exponential backoff, starting over after an
-// attempt that made progress.
+// attempt that made progress. An attempt that made progress and ended
+// UNAVAILABLE (the daemon shut down, or handed off to a new one already
+// accepting on its socket) is followed by one at once (settle): gRPC
+// connects it to whoever serves now, and should that fail too, the waits
+// above apply.
 func (c *Client) retry(ctx context.Context, b Backoff, onError func(error), once func(context.Context) (progressed bool, err error),
 	retryable func(err error, progressed bool) bool) error {
 	bo := backoff.Backoff{Initial: b.Initial, Max: b.Max}
@@ -257,6 +262,7 @@ func (c *Client) retry(ctx context.Context, b Backoff, onError func(error), once
 			return nil
 		}
 		down := c.unreachable(err)
+		gone := progressed && status.Code(err) == codes.Unavailable
 		if err = c.explain(err); !retryable(err, progressed) {
 			return err
 		}
@@ -265,6 +271,10 @@ func (c *Client) retry(ctx context.Context, b Backoff, onError func(error), once
 		}
 		if progressed {
 			bo.Reset()
+		}
+		if gone {
+			c.settle(ctx, b.Initial)
+			continue
 		}
 		wait := bo.Wait
 		if down {
@@ -275,6 +285,17 @@ func (c *Client) retry(ctx context.Context, b Backoff, onError func(error), once
 		}
 	}
 	return nil
+}
+
+// settle waits, at most d, while the connection is READY: after a working
+// stream ended UNAVAILABLE, gRPC may not yet have seen its connection go,
+// and an attempt made on it would fail too, then wait for the daemon.
+func (c *Client) settle(ctx context.Context, d time.Duration) {
+	if s := c.conn.GetState(); s == connectivity.Ready {
+		ctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		c.conn.WaitForStateChange(ctx, s)
+	}
 }
 
 // runOnce runs one stream; progressed reports whether it delivered events.
