@@ -147,22 +147,38 @@ type fleetDisruption struct {
 	// over waves.
 	CatchUpMaxSeconds    float64 `json:"catchUpMaxSeconds"`
 	CatchUpMedianSeconds float64 `json:"catchUpMedianSeconds"`
+	// Restart (a rolling upgrade): the part of each wave's catch-up until
+	// its nodes were restarted (informerd: the new daemons serve and the
+	// old ones handed off; direct: the consumers synced again), before
+	// the write; max and median over waves.
+	RestartMaxSeconds    float64 `json:"restartMaxSeconds,omitempty"`
+	RestartMedianSeconds float64 `json:"restartMedianSeconds,omitempty"`
+	// StartCPUSeconds (an upgrade by handoff): the CPU a new daemon had
+	// used, on average, from its exec until the old one handed off to it.
+	StartCPUSeconds float64 `json:"startCpuSeconds,omitempty"`
 	// Peak rates over 1 s samples of the API server's request counter.
 	PeakRequestsPerSecond float64 `json:"peakRequestsPerSecond"`
 	PeakListsPerSecond    float64 `json:"peakListsPerSecond"`
-	Lists                 float64 `json:"lists"`
-	APICPUSeconds         float64 `json:"apiserverCpuSeconds"`
-	PeakAPICPU            float64 `json:"peakApiserverCpu"`
+	// Lists: the API server's LISTs (and WatchLists) during the phase, by
+	// every client; DaemonLists (informerd mode) those of the daemons,
+	// the new ones' informerd_upstream_lists_total.
+	Lists         float64 `json:"lists"`
+	DaemonLists   float64 `json:"daemonLists,omitempty"`
+	APICPUSeconds float64 `json:"apiserverCpuSeconds"`
+	PeakAPICPU    float64 `json:"peakApiserverCpu"`
 	// Lost: objects some consumer's store does not hold at the API
 	// server's resourceVersion once the churn has stopped.
 	Lost int `json:"lost"`
 	// Served (an upgrade while the API server is down): from a wave's
 	// start until a new client of each of its nodes got the handed-off
-	// state (SYNCED), max and median over nodes; Unserved counts the
-	// nodes whose new daemon did not serve it.
-	ServedMaxSeconds    float64 `json:"servedMaxSeconds,omitempty"`
-	ServedMedianSeconds float64 `json:"servedMedianSeconds,omitempty"`
-	Unserved            int     `json:"unserved,omitempty"`
+	// state (SYNCED), max and median over nodes; Connected, the part of
+	// it from that client's connecting (the new daemon serving) until its
+	// SYNCED. Unserved counts the nodes whose new daemon did not serve it.
+	ServedMaxSeconds       float64 `json:"servedMaxSeconds,omitempty"`
+	ServedMedianSeconds    float64 `json:"servedMedianSeconds,omitempty"`
+	ConnectedMaxSeconds    float64 `json:"connectedMaxSeconds,omitempty"`
+	ConnectedMedianSeconds float64 `json:"connectedMedianSeconds,omitempty"`
+	Unserved               int     `json:"unserved,omitempty"`
 }
 
 func runFleetBench(args []string) error {
@@ -545,6 +561,13 @@ type fleet struct {
 	// retiring stops the daemons that handed off (restartNodes); stop
 	// waits for it.
 	retiring sync.WaitGroup
+	// startCPU sums the CPU seconds each new daemon of an upgrade by
+	// handoff had used once the old one handed off (restartNodes).
+	startCPU struct {
+		sync.Mutex
+		seconds float64
+		n       int
+	}
 }
 
 type fleetProc struct {
@@ -1131,12 +1154,13 @@ func (f *fleet) upgrade(ctx context.Context) (*fleetDisruption, error) {
 	churn := h.churn(ctx)
 	defer func() { _ = churn() }() // on an early return; the error is the wave's
 	start := time.Now()
-	var catchUps []float64
+	var catchUps, restarts []float64
 	for _, nodes := range f.waves() {
 		t0 := time.Now()
 		if err := f.restartNodes(ctx, nodes); err != nil {
 			return nil, err
 		}
+		restarts = append(restarts, time.Since(t0).Seconds())
 		probes, err := h.probe(ctx, nodes)
 		if err != nil {
 			return nil, err
@@ -1158,8 +1182,22 @@ func (f *fleet) upgrade(ctx context.Context) (*fleetDisruption, error) {
 	}
 	d.Lists, d.APICPUSeconds = after.lists-before.lists, after.cpu-before.cpu
 	d.PeakRequestsPerSecond, d.PeakListsPerSecond, d.PeakAPICPU = s.peakReq, s.peakLists, s.peakCPU
+	if f.mode == fleetInformerd {
+		// Every daemon is a new one now, started by this upgrade.
+		if d.DaemonLists, err = f.daemonsSum(ctx, "informerd_upstream_lists_total"); err != nil {
+			return nil, err
+		}
+		f.startCPU.Lock()
+		if f.startCPU.n > 0 {
+			d.StartCPUSeconds = f.startCPU.seconds / float64(f.startCPU.n)
+		}
+		f.startCPU.seconds, f.startCPU.n = 0, 0
+		f.startCPU.Unlock()
+	}
 	slices.Sort(catchUps)
 	d.CatchUpMaxSeconds, d.CatchUpMedianSeconds = catchUps[len(catchUps)-1], catchUps[len(catchUps)/2]
+	slices.Sort(restarts)
+	d.RestartMaxSeconds, d.RestartMedianSeconds = restarts[len(restarts)-1], restarts[len(restarts)/2]
 	d.Lost, err = f.lost(ctx)
 	return d, err
 }
@@ -1176,7 +1214,7 @@ func (f *fleet) upgradeWhileDown(ctx context.Context) (*fleetDisruption, error) 
 	h.cp.KillAPIServer()
 	down := time.Now()
 	start := time.Now()
-	var served []float64
+	var served, connected []float64
 	var mu sync.Mutex
 	for _, nodes := range f.waves() {
 		t0 := time.Now()
@@ -1184,6 +1222,7 @@ func (f *fleet) upgradeWhileDown(ctx context.Context) (*fleetDisruption, error) 
 			return nil, err
 		}
 		err := parallel(ctx, len(nodes), func(ctx context.Context, i int) error {
+			c0 := time.Now()
 			if err := f.newClientSyncs(ctx, nodes[i]); err != nil {
 				say("node %d not served while the API server is down: %v", nodes[i], err)
 				mu.Lock()
@@ -1193,6 +1232,7 @@ func (f *fleet) upgradeWhileDown(ctx context.Context) (*fleetDisruption, error) 
 			}
 			mu.Lock()
 			served = append(served, time.Since(t0).Seconds())
+			connected = append(connected, time.Since(c0).Seconds())
 			mu.Unlock()
 			return nil
 		})
@@ -1204,6 +1244,8 @@ func (f *fleet) upgradeWhileDown(ctx context.Context) (*fleetDisruption, error) 
 	if len(served) > 0 {
 		slices.Sort(served)
 		d.ServedMaxSeconds, d.ServedMedianSeconds = served[len(served)-1], served[len(served)/2]
+		slices.Sort(connected)
+		d.ConnectedMaxSeconds, d.ConnectedMedianSeconds = connected[len(connected)-1], connected[len(connected)/2]
 	}
 	if err := sleep(ctx, max(0, h.w.Outage-time.Since(down))); err != nil {
 		return nil, err
@@ -1221,7 +1263,7 @@ func (f *fleet) upgradeWhileDown(ctx context.Context) (*fleetDisruption, error) 
 	// The new daemons' own LISTs: each informer relists once if the
 	// restarted API server answers its watch 410 Gone (its watch cache
 	// begins after the handoff's position).
-	if d.Lists, err = f.daemonsSum(ctx, "informerd_upstream_lists_total"); err != nil {
+	if d.DaemonLists, err = f.daemonsSum(ctx, "informerd_upstream_lists_total"); err != nil {
 		return nil, err
 	}
 	d.Lost, err = f.lost(ctx)
@@ -1336,6 +1378,12 @@ func (f *fleet) restartNodes(ctx context.Context, nodes []int) error {
 			old.stop()
 			return fmt.Errorf("node %d's old daemon never handed off: %w", k, err)
 		}
+		if cpu, err := f.daemons[k].cpu(); err == nil {
+			f.startCPU.Lock()
+			f.startCPU.seconds += cpu
+			f.startCPU.n++
+			f.startCPU.Unlock()
+		}
 		// Handed off, the old daemon serves nobody: the kubelet stops it
 		// beside what follows, and no client waits for its end.
 		f.retiring.Go(old.stop)
@@ -1388,17 +1436,21 @@ func (f *fleet) restartAPIServer(ctx context.Context) (*fleetDisruption, error) 
 
 func printFleet(w io.Writer, runs []fleetRun) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tK\twatches p/s/es/cm\tLIST+WATCH at start\tAPI CPU s\tAPI RSS MiB\twatch events\twatch MB\tnode events\tfloor\tdaemons CPU s\tdaemons MiB\tconsumers CPU s\tconsumers MiB\tsync s\tlost\tupgrade catch-up max/med s\tupgrade peak req/s\tupgrade lists\trestart converge s\trestart peak req/s\trestart lists\tlost (upg/restart)\t")
+	fmt.Fprintln(tw, "mode\tK\twatches p/s/es/cm\tLIST+WATCH at start\tAPI CPU s\tAPI RSS MiB\twatch events\twatch MB\tnode events\tfloor\tdaemons CPU s\tdaemons MiB\tconsumers CPU s\tconsumers MiB\tsync s\tlost\tupgrade catch-up max/med s\tof which restart max/med s\tupgrade peak req/s\tupgrade lists (daemons')\trestart converge s\trestart peak req/s\trestart lists\tlost (upg/restart)\t")
 	for _, r := range runs {
 		if r.Watches == nil { // the restart only
-			fmt.Fprintf(tw, "%s\t%d\t-\t%.0f+%.0f\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%.1f\t-\t-\t-\t-\t%.1f\t%.0f\t%.0f\t-/%d\t\n",
+			fmt.Fprintf(tw, "%s\t%d\t-\t%.0f+%.0f\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%.1f\t-\t-\t-\t-\t-\t%.1f\t%.0f\t%.0f\t-/%d\t\n",
 				r.Mode, r.K, r.StartLists, r.StartWatches, r.SyncSeconds, r.Restart.Seconds, r.Restart.PeakRequestsPerSecond, r.Restart.Lists, r.Restart.Lost)
 			continue
 		}
-		upg := "-\t-\t-\t"
+		upg := "-\t-\t-\t-\t"
 		lostU := "-"
 		if u := r.Upgrade; u != nil {
-			upg = fmt.Sprintf("%.1f/%.1f\t%.0f\t%.0f\t", u.CatchUpMaxSeconds, u.CatchUpMedianSeconds, u.PeakRequestsPerSecond, u.Lists)
+			lists := fmt.Sprintf("%.0f", u.Lists)
+			if r.Mode == fleetInformerd {
+				lists += fmt.Sprintf(" (%.0f; %.2f CPU s a start)", u.DaemonLists, u.StartCPUSeconds)
+			}
+			upg = fmt.Sprintf("%.1f/%.1f\t%.1f/%.1f\t%.0f\t%s\t", u.CatchUpMaxSeconds, u.CatchUpMedianSeconds, u.RestartMaxSeconds, u.RestartMedianSeconds, u.PeakRequestsPerSecond, lists)
 			lostU = strconv.Itoa(u.Lost)
 		}
 		rs := "-\t-\t-\t"
@@ -1422,11 +1474,12 @@ func printFleet(w io.Writer, runs []fleetRun) {
 			continue
 		}
 		if !header {
-			fmt.Fprintln(w, "\nupgrade while the API server is down (served: from a wave's start until a new client of each node synced):")
-			fmt.Fprintln(tw, "mode\tK\tserved max/med s\tnodes unserved\tconverge after the API server s\tdaemons' lists\tlost\t")
+			fmt.Fprintln(w, "\nupgrade while the API server is down (served: from a wave's start, and from the client's connecting, until a new client of each node synced):")
+			fmt.Fprintln(tw, "mode\tK\tserved max/med s\tafter connecting max/med s\tnodes unserved\tconverge after the API server s\tdaemons' lists\tlost\t")
 			header = true
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.2f/%.2f\t%d\t%.1f\t%.0f\t%d\t\n", r.Mode, r.K, d.ServedMaxSeconds, d.ServedMedianSeconds, d.Unserved, d.CatchUpMaxSeconds, d.Lists, d.Lost)
+		fmt.Fprintf(tw, "%s\t%d\t%.2f/%.2f\t%.3f/%.3f\t%d\t%.1f\t%.0f\t%d\t\n", r.Mode, r.K, d.ServedMaxSeconds, d.ServedMedianSeconds,
+			d.ConnectedMaxSeconds, d.ConnectedMedianSeconds, d.Unserved, d.CatchUpMaxSeconds, d.DaemonLists, d.Lost)
 	}
 	tw.Flush()
 }
