@@ -146,10 +146,7 @@ func TestWatcherIsBackWithinAQuarterSecondOfTheDaemon(t *testing.T) {
 				kill := f.serve(d)
 				c := f.client(t)
 				defer c.Close()
-				ctx, cancel := context.WithCancel(t.Context())
-				w := NewWatcher(c, WatchOptions{Resource: configMaps}, &logHandler{}, WatcherOptions{})
-				done := make(chan error, 1)
-				go func() { done <- w.Run(ctx) }()
+				stopWatcher := runWatcher(t, c)
 				<-d.watches
 
 				kill()
@@ -170,10 +167,7 @@ func TestWatcherIsBackWithinAQuarterSecondOfTheDaemon(t *testing.T) {
 				if limit := int(outage/(200*time.Millisecond)) + 5; dials > limit {
 					t.Errorf("%d connects during a %s outage, want at most %d (about 4 a second)", dials, outage, limit)
 				}
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Run: %v", err)
-				}
+				stopWatcher()
 				kill()
 			})
 		})
@@ -230,10 +224,7 @@ func TestWatcherResumesAtOnceOnAHandoff(t *testing.T) {
 		stopOld := start()
 		c := f.client(t)
 		defer c.Close()
-		ctx, cancel := context.WithCancel(t.Context())
-		w := NewWatcher(c, WatchOptions{Resource: configMaps}, &logHandler{}, WatcherOptions{})
-		done := make(chan error, 1)
-		go func() { done <- w.Run(ctx) }()
+		stopWatcher := runWatcher(t, c)
 		<-watches
 
 		// The new daemon accepts on the socket handed over, then the old
@@ -249,12 +240,24 @@ func TestWatcherResumesAtOnceOnAHandoff(t *testing.T) {
 		case <-time.After(time.Minute):
 			t.Fatal("the Watcher never reached the new daemon")
 		}
+		stopWatcher()
+		stopNew()
+	})
+}
+
+// runWatcher runs a Watcher of configMaps on c; stop ends it and checks
+// that Run returned no error.
+func runWatcher(t *testing.T, c *Client) (stop func()) {
+	ctx, cancel := context.WithCancel(t.Context())
+	w := NewWatcher(c, WatchOptions{Resource: configMaps}, &logHandler{}, WatcherOptions{})
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	return func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Run: %v", err)
 		}
-		stopNew()
-	})
+	}
 }
 
 // unavailableDaemon ends every Watch at once with UNAVAILABLE, as a daemon
