@@ -200,6 +200,21 @@ func (m *Manager) clusterScope(base Key) bool {
 	return st != nil && st.cluster
 }
 
+// lingerDone waits until no rebalance of base's scope is pending: the
+// linger that would move its subscriptions back to an informer per
+// namespace, if one runs, has run out and moved them.
+func (m *Manager) lingerDone(t *testing.T, ctx context.Context, base Key) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(ctx, time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		st := m.scopes[base]
+		return st == nil || st.timer == nil, nil
+	}); err != nil {
+		t.Fatalf("the linger of %s never ran out: %v", base, err)
+	}
+}
+
 // TestAutomaticScopeMovesWithoutAReset (issue 30): while subscriptions
 // ask for fewer than ClusterAt namespaces each has an informer of its
 // namespace; the ClusterAt-th starts one cluster-wide informer, and the
@@ -336,7 +351,6 @@ func TestAutomaticScopeChurnLosesNothing(t *testing.T) {
 		stay[ns].until(t, ctx, "6") // the snapshot, at the list's 6
 	}
 	churn := map[string]*Subscription{}
-	moves := 0
 	for i := range 300 {
 		ns := namespaces[i%len(namespaces)]
 		c.set(ns, fmt.Sprintf("o%d", i%7))
@@ -352,9 +366,8 @@ func TestAutomaticScopeChurnLosesNothing(t *testing.T) {
 		case 5:
 			c.bookmark()
 		}
-		if i%50 == 49 { // let the linger pass now and then
-			time.Sleep(30 * time.Millisecond)
-			moves++
+		if i%50 == 49 { // now and then, let a pending linger run out
+			m.lingerDone(t, ctx, Key{GVR: testGVR})
 		}
 	}
 	for _, s := range churn {
