@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -241,6 +242,11 @@ func (f *fleetNodes) startConsumer(k int, role string) (*consumer, error) {
 		}
 		cfg.ContentType = kruntime.ContentTypeProtobuf
 		cfg.QPS, cfg.Burst = -1, 0 // a process of its own: no rate limiter shared with the others
+		// Nor a connection: client-go shares one transport (and so one
+		// HTTP/2 connection) among the clients of a process whose
+		// configs match, unless a Proxy func makes them uncacheable. A
+		// restarted consumer then connects (and shakes hands) anew.
+		cfg.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
 		kc, err := kubernetes.NewForConfig(cfg)
 		if err != nil {
 			return nil, err
