@@ -202,7 +202,7 @@ func (m *Manager) clusterScope(base Key) bool {
 
 // lingerDone waits until no rebalance of base's scope is pending: the
 // linger that would move its subscriptions back to an informer per
-// namespace, if one runs, has run out and moved them.
+// namespace, if one runs, has run out and asked them to move.
 func (m *Manager) lingerDone(t *testing.T, ctx context.Context, base Key) {
 	t.Helper()
 	if err := wait.PollUntilContextTimeout(ctx, time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {

@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -245,9 +246,15 @@ func (f *fleetNodes) startConsumer(k int, role string) (*consumer, error) {
 		// Nor a connection: client-go shares one transport (and so one
 		// HTTP/2 connection) among the clients of a process whose
 		// configs match, unless a Proxy func makes them uncacheable. A
-		// restarted consumer then connects (and shakes hands) anew.
+		// restarted consumer then connects (and shakes hands) anew, and
+		// a stopped one closes its connection, as a process's exit does.
 		cfg.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
-		kc, err := kubernetes.NewForConfig(cfg)
+		hc, err := rest.HTTPClientFor(cfg)
+		if err != nil {
+			return nil, err
+		}
+		c.closeFn = hc.CloseIdleConnections // its watches ended with stop
+		kc, err := kubernetes.NewForConfigAndClient(cfg, hc)
 		if err != nil {
 			return nil, err
 		}
